@@ -1,0 +1,5 @@
+import sys
+
+from meshmq.cli import main
+
+sys.exit(main())

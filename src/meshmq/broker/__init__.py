@@ -1,0 +1,1 @@
+"""Broker I/O, sessions and routing for one node."""

@@ -1,0 +1,401 @@
+"""The broker: acts on packets from connections; owns sessions, wills and session expiry.
+
+Theory of operation
+-------------------
+The I/O layer feeds each connection's decoded packets to ``handle_events()`` in order, and
+calls ``connection_lost()`` exactly once per connection. Everything here runs on the event loop
+thread, one packet at a time; timers (will delay, session expiry) are loop callbacks.
+
+Lifecycle of a session (spec 4.1, 3.1.2.11.2, 3.1.3.2.2):
+
+* CONNECT with clean start ends any existing session first; otherwise the session resumes
+  (``session present``) and its unacknowledged messages are resent.
+* A second connection with a live client id takes the session over: the old connection gets
+  DISCONNECT 0x8E and is treated as lost (its will follows the normal rules) before the new one
+  attaches (MQTT-3.1.4-3).
+* When a connection is lost without a normal DISCONNECT, its will is published after the will
+  delay, or at once when the session ends first; a reconnect before then cancels it.
+* A detached session ends when its expiry interval elapses (immediately for 0): its
+  subscriptions are dropped and its unacknowledged shared-subscription messages go to another
+  member of the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from meshmq.broker.message import Message
+from meshmq.broker.router import Router
+from meshmq.broker.session import Session, Subscription
+from meshmq.mqtt.errors import RemoteProtocolError
+from meshmq.mqtt.packets import (
+    MQTT_5,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Subscribe,
+    Unsubscribe,
+)
+from meshmq.mqtt.properties import Properties, PropertyId
+from meshmq.mqtt.reason_codes import ReasonCode
+from meshmq.mqtt.topics import has_wildcard, parse_shared_filter, validate_topic_filter
+
+if TYPE_CHECKING:
+    from meshmq.broker.protocol import ClientProtocol
+    from meshmq.config import BrokerConfig
+
+log = logging.getLogger("meshmq.broker")
+
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
+class Broker:
+    """Single-node broker logic, driven by the I/O layer on one event loop."""
+
+    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.loop = loop
+        self.sessions: dict[str, Session] = {}
+        self.router = Router(self.sessions)
+        self.clients: set[ClientProtocol] = set()
+        self.shutting_down = False
+        self.counters = {"connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0}
+        self._dirty: list[ClientProtocol] = []
+        self._handlers: dict[int, Callable[[ClientProtocol, Any], None]] = {
+            PacketType.CONNECT: self.on_connect,
+            PacketType.PUBLISH: self.on_publish,
+            PacketType.PUBACK: self.on_puback,
+            PacketType.PUBREC: self.on_pubrec,
+            PacketType.PUBREL: self.on_pubrel,
+            PacketType.PUBCOMP: self.on_pubcomp,
+            PacketType.SUBSCRIBE: self.on_subscribe,
+            PacketType.UNSUBSCRIBE: self.on_unsubscribe,
+            PacketType.DISCONNECT: self.on_disconnect,
+        }
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    # ------------------------------------------------------------------ output batching
+
+    def schedule_flush(self, client: ClientProtocol) -> None:
+        """Write ``client``'s queued output once, after the current loop turn's work."""
+        if not self._dirty:
+            self.loop.call_soon(self._flush_dirty)
+        self._dirty.append(client)
+
+    def _flush_dirty(self) -> None:
+        dirty = self._dirty
+        self._dirty = []
+        for client in dirty:
+            client.flush()
+
+    # ------------------------------------------------------------------ dispatch
+
+    def handle_events(self, client: ClientProtocol, events: list[Packet]) -> None:
+        handlers = self._handlers
+        for packet in events:
+            if client.rejected:
+                return
+            handlers[packet.type](client, packet)
+
+    def on_connect(self, client: ClientProtocol, packet: Connect) -> None:
+        conn = client.conn
+        cfg = self.config.mqtt
+        v5 = conn.version == MQTT_5
+        client_id = packet.client_id
+        assigned = None
+        if PropertyId.AUTHENTICATION_METHOD in packet.properties:
+            # Enhanced authentication hook point (spec 4.12): no method is offered yet.
+            return self._reject(client, ReasonCode.BAD_AUTHENTICATION_METHOD, "auth method")
+        if not client_id:
+            if not v5 and not packet.clean_start:
+                return self._reject(client, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "empty id")
+            client_id = assigned = f"auto-{uuid.uuid4().hex}"  # MQTT-3.1.3-6
+        expiry = self._session_expiry(packet, v5)
+        now = self.now()
+        existing = self.sessions.get(client_id)
+        if existing is not None and existing.client is not None:
+            self._take_over(existing.client)
+            existing = self.sessions.get(client_id)
+        if existing is not None and packet.clean_start:
+            self._end_session(existing, now)
+            existing = None
+        session_present = existing is not None
+        session = existing or self._new_session(client_id)
+        self._cancel_timers(session)
+        session.expiry_interval = expiry
+        session.will = packet.will
+        client.session = session
+        client.client_id = client_id
+        keep_alive = packet.keep_alive
+        if keep_alive > cfg.max_keepalive or (keep_alive == 0 and cfg.max_keepalive < 65535):
+            keep_alive = cfg.max_keepalive
+        conn.outgoing_alias_maximum = cfg.broker_topic_aliases
+        props = self._connack_properties(packet, assigned, keep_alive, expiry) if v5 else None
+        conn.send_connack(0, session_present, props)
+        self.counters["connects"] += 1
+        client.connected(keep_alive)
+        log.debug("client connected client_id=%s version=%d present=%s clean=%s",
+                  client_id, conn.version, session_present, packet.clean_start)
+        session.attach(client, now)
+
+    def _session_expiry(self, packet: Connect, v5: bool) -> int:
+        if v5:
+            requested = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+        else:
+            requested = 0 if packet.clean_start else NEVER_EXPIRES
+        return min(requested, self.config.session.max_session_expiry)  # type: ignore[type-var]
+
+    def _connack_properties(
+        self, packet: Connect, assigned: str | None, keep_alive: int, expiry: int
+    ) -> Properties:
+        cfg = self.config.mqtt
+        props: Properties = {
+            PropertyId.RECEIVE_MAXIMUM: cfg.receive_maximum,
+            PropertyId.MAXIMUM_PACKET_SIZE: cfg.max_packet_size,
+            PropertyId.TOPIC_ALIAS_MAXIMUM: cfg.topic_alias_maximum,
+        }
+        if assigned is not None:
+            props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = assigned
+        if keep_alive != packet.keep_alive:
+            props[PropertyId.SERVER_KEEP_ALIVE] = keep_alive  # MQTT-3.2.2-21
+        if expiry != packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0):
+            props[PropertyId.SESSION_EXPIRY_INTERVAL] = expiry
+        if cfg.max_qos < 2:
+            props[PropertyId.MAXIMUM_QOS] = cfg.max_qos
+        for pid, enabled in (
+            (PropertyId.RETAIN_AVAILABLE, cfg.retain_available),
+            (PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE, cfg.wildcard_subscriptions),
+            (PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE, cfg.subscription_identifiers),
+            (PropertyId.SHARED_SUBSCRIPTION_AVAILABLE, cfg.shared_subscriptions),
+        ):
+            if not enabled:
+                props[pid] = 0
+        return props
+
+    def _reject(self, client: ClientProtocol, code: int, why: str) -> None:
+        self.counters["rejected"] += 1
+        log.info("connection refused peer=%s reason=0x%02X why=%r", client.peer, code, why)
+        client.rejected = True
+        client.conn.send_connack(code)
+
+    def _new_session(self, client_id: str) -> Session:
+        session = Session(client_id, self.config.session)
+        self.sessions[client_id] = session
+        return session
+
+    def _take_over(self, old: ClientProtocol) -> None:
+        old.conn.send_disconnect(ReasonCode.SESSION_TAKEN_OVER)
+        old.close()
+        self.connection_lost(old)
+
+    # ------------------------------------------------------------------ publish
+
+    def on_publish(self, client: ClientProtocol, packet: Publish) -> None:
+        session = client.session
+        conn = client.conn
+        qos = packet.qos
+        if qos == 2 and packet.packet_id in session.qos2_in:
+            conn.send_pubrec(packet.packet_id)  # resend of a message already routed
+            return
+        now = self.loop.time()
+        message = Message(
+            packet.topic, packet.payload, qos, packet.retain, packet.properties,
+            session.client_id, now,
+        )
+        receivers = self.router.publish(message, now)
+        if not qos:
+            return
+        code = 0 if receivers or conn.version != MQTT_5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
+        if qos == 1:
+            conn.send_puback(packet.packet_id, code)
+        else:
+            session.qos2_in.add(packet.packet_id)
+            conn.send_pubrec(packet.packet_id, code)
+
+    def on_puback(self, client: ClientProtocol, packet: Puback) -> None:
+        client.session.on_puback(packet.packet_id, self.loop.time())
+
+    def on_pubrec(self, client: ClientProtocol, packet: Pubrec) -> None:
+        client.session.on_pubrec(packet.packet_id, packet.reason_code, self.loop.time())
+
+    def on_pubrel(self, client: ClientProtocol, packet: Pubrel) -> None:
+        known = packet.packet_id in client.session.qos2_in
+        client.session.qos2_in.discard(packet.packet_id)
+        client.conn.send_pubcomp(
+            packet.packet_id, 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        )
+
+    def on_pubcomp(self, client: ClientProtocol, packet: Pubcomp) -> None:
+        client.session.on_pubcomp(packet.packet_id, self.loop.time())
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def on_subscribe(self, client: ClientProtocol, packet: Subscribe) -> None:
+        cfg = self.config.mqtt
+        session = client.session
+        ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER)
+        sub_id = ids[0] if ids else None  # type: ignore[index]
+        if sub_id is not None and not cfg.subscription_identifiers:
+            return self.protocol_violation(
+                client, ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, "subscription id"
+            )
+        codes: list[int] = []
+        retained: list[tuple[str, Subscription]] = []
+        for topic_filter, options in packet.subscriptions:
+            try:
+                validate_topic_filter(topic_filter, cfg.max_topic_levels)
+            except RemoteProtocolError:
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+                continue
+            group, plain = parse_shared_filter(topic_filter)
+            if group is not None:
+                if options.no_local:
+                    return self.protocol_violation(  # MQTT-3.8.3-4
+                        client, ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription"
+                    )
+                if not cfg.shared_subscriptions:
+                    codes.append(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
+                    continue
+            if not cfg.wildcard_subscriptions and has_wildcard(plain):
+                codes.append(ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED)
+                continue
+            if options.qos > cfg.max_qos:
+                options = replace(options, qos=cfg.max_qos)
+            subscription = Subscription(options, sub_id)
+            existed = self.router.subscribe(session, topic_filter, subscription)
+            codes.append(options.qos)
+            handling = options.retain_handling
+            if group is None and (handling == 0 or (handling == 1 and not existed)):
+                retained.append((plain, subscription))  # MQTT-3.3.1-9, -10, -11
+        client.conn.send_suback(packet.packet_id, codes)
+        self._send_retained(session, retained)
+
+    def _send_retained(self, session: Session, retained: list[tuple[str, Subscription]]) -> None:
+        now = self.loop.time()
+        for plain, subscription in retained:
+            ids = None if subscription.subscription_id is None else [subscription.subscription_id]
+            for message in self.router.retained_for(plain):
+                if message.expired(now):
+                    self.router.retained.set(message.topic, None)
+                    continue
+                qos = min(message.qos, subscription.options.qos)
+                session.deliver(message, qos, True, ids, now)  # MQTT-3.3.1-8: retain flag set
+
+    def on_unsubscribe(self, client: ClientProtocol, packet: Unsubscribe) -> None:
+        codes = []
+        for topic_filter in packet.topic_filters:
+            try:
+                validate_topic_filter(topic_filter, self.config.mqtt.max_topic_levels)
+            except RemoteProtocolError:
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+                continue
+            removed = self.router.unsubscribe(client.session, topic_filter)
+            codes.append(ReasonCode.SUCCESS if removed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+        client.conn.send_unsuback(packet.packet_id, codes)
+
+    # ------------------------------------------------------------------ disconnects
+
+    def on_disconnect(self, client: ClientProtocol, packet: Disconnect) -> None:
+        session = client.session
+        if session is None:
+            return
+        expiry = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+        if expiry is not None:
+            session.expiry_interval = min(expiry, self.config.session.max_session_expiry)  # type: ignore[type-var]
+        if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
+            session.will = None  # MQTT-3.1.2-10: a normal DISCONNECT discards the will
+
+    def protocol_violation(self, client: ClientProtocol, code: int, why: str) -> None:
+        """A rule checked above the codec was broken: tell the client and close."""
+        self.counters["protocol_errors"] += 1
+        log.info("protocol error client_id=%s reason=0x%02X why=%r", client.client_id, code, why)
+        client.rejected = True
+        client.conn.send_disconnect(code)
+        client.close()
+
+    def connection_lost(self, client: ClientProtocol) -> None:
+        """The connection is gone (or taken over): detach, schedule will and expiry."""
+        self.clients.discard(client)
+        session = client.session
+        if session is None or session.client is not client:
+            return
+        session.detach()
+        if self.shutting_down:
+            return  # wills are not sent on a clean broker shutdown; sessions are kept
+        will = session.will
+        session.will = None
+        now = self.loop.time()
+        if will is not None:
+            delay = will.properties.get(PropertyId.WILL_DELAY_INTERVAL, 0)
+            if delay and session.expiry_interval:
+                session.will_handle = self.loop.call_later(
+                    min(delay, session.expiry_interval), self._publish_will, session, will  # type: ignore[type-var]
+                )
+                session.will = will  # still pending: a reconnect cancels it
+            else:
+                self._publish_will(session, will)
+        if session.expiry_interval == 0:
+            self._end_session(session, now)
+        elif session.expiry_interval != NEVER_EXPIRES:
+            session.expiry_handle = self.loop.call_later(
+                session.expiry_interval, self._expire, session
+            )
+
+    def _publish_will(self, session: Session, will: Any) -> None:
+        session.will_handle = None
+        session.will = None
+        self.counters["wills"] += 1
+        now = self.loop.time()
+        self.router.publish(Message.from_will(will, session.client_id, now), now)
+
+    def _expire(self, session: Session) -> None:
+        session.expiry_handle = None
+        if session.client is None and self.sessions.get(session.client_id) is session:
+            log.debug("session expired client_id=%s", session.client_id)
+            self._end_session(session, self.loop.time())
+
+    def _end_session(self, session: Session, now: float) -> None:
+        if session.will_handle is not None:  # the session ends first: will goes now
+            self._cancel_timers(session)
+            if session.will is not None:
+                self._publish_will(session, session.will)
+        self._cancel_timers(session)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        self.router.drop_session(session, now)
+
+    @staticmethod
+    def _cancel_timers(session: Session) -> None:
+        for name in ("will_handle", "expiry_handle"):
+            handle = getattr(session, name)
+            if handle is not None:
+                handle.cancel()  # type: ignore[attr-defined]
+                setattr(session, name, None)
+
+    def shutdown(self) -> None:
+        """Close every connection for a clean stop: DISCONNECT 0x8B, no wills."""
+        self.shutting_down = True
+        for client in list(self.clients):
+            client.conn.send_disconnect(ReasonCode.SERVER_SHUTTING_DOWN)
+            client.close()
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "clients": len(self.clients),
+            "sessions": len(self.sessions),
+            **self.router.statistics(),
+            **self.counters,
+        }

@@ -1,0 +1,220 @@
+"""The router: subscriptions, shared subscriptions, retained messages, and publish routing.
+
+Theory of operation
+-------------------
+The router owns three indexes and no sockets:
+
+* ``subscriptions``: a topic trie of plain filters, entries keyed by client id;
+* ``shared``: a topic trie of the filters of ``$share/{group}/{filter}``, entries keyed by
+  group name, each a ``SharedGroup`` of members served round-robin;
+* ``retained``: one message per topic, in a trie walked by subscription filters.
+
+``publish()`` matches the topic once (O(levels), cached for hot topics) and hands the shared
+``Message`` to each matching ``Session.deliver()``. A client whose filters overlap gets one copy
+with the highest granted QoS and every matching subscription identifier (MQTT-3.3.4-2, -3,
+-4). Each shared group delivers to exactly one member, preferring attached, uncongested ones.
+
+Events in (subscribe, unsubscribe, publish), deliveries out (``Session.deliver``): a later
+cluster link is one more kind of receiver and needs nothing from the connections.
+"""
+
+from __future__ import annotations
+
+from meshmq.broker.message import Message
+from meshmq.broker.retained import RetainedStore
+from meshmq.broker.session import Session, Subscription
+from meshmq.broker.trie import SubscriptionTrie
+from meshmq.mqtt.topics import parse_shared_filter
+
+SharedKey = tuple[str, str]  # (group name, filter)
+
+
+class SharedGroup:
+    """Members of one ``$share/{group}/{filter}``; each message goes to one of them."""
+
+    __slots__ = ("_next", "_order", "members")
+
+    def __init__(self) -> None:
+        self.members: dict[str, Subscription] = {}
+        self._order: list[str] = []
+        self._next = 0
+
+    def add(self, client_id: str, subscription: Subscription) -> None:
+        if client_id not in self.members:
+            self._order.append(client_id)
+        self.members[client_id] = subscription
+
+    def remove(self, client_id: str) -> None:
+        if self.members.pop(client_id, None) is not None:
+            self._order.remove(client_id)
+
+    def choose(
+        self, sessions: dict[str, Session], exclude: str | None = None
+    ) -> tuple[Session, Subscription] | None:
+        """Next member round-robin, preferring one that is connected and keeping up."""
+        order = self._order
+        count = len(order)
+        fallback = None
+        for step in range(count):
+            index = (self._next + step) % count
+            client_id = order[index]
+            session = sessions.get(client_id)
+            if session is None or client_id == exclude:
+                continue
+            client = session.client
+            if client is not None and not client.congested:
+                self._next = index + 1
+                return session, self.members[client_id]
+            if fallback is None:
+                fallback = index
+        if fallback is None:
+            return None
+        self._next = fallback + 1
+        client_id = order[fallback]
+        return sessions[client_id], self.members[client_id]
+
+
+class Router:
+    """Routes publishes to sessions by subscription; keeps retained messages."""
+
+    def __init__(self, sessions: dict[str, Session]) -> None:
+        self.sessions = sessions
+        self.subscriptions: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
+        self.shared: SubscriptionTrie[str, SharedGroup] = SubscriptionTrie()
+        self.retained: RetainedStore[Message] = RetainedStore()
+        self.routed = 0
+        self.delivered = 0
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def subscribe(self, session: Session, topic_filter: str, subscription: Subscription) -> bool:
+        """Add or replace a subscription; True if it already existed (retain handling 1)."""
+        existed = topic_filter in session.subscriptions
+        session.subscriptions[topic_filter] = subscription
+        group, plain = parse_shared_filter(topic_filter)
+        if group is None:
+            self.subscriptions.add(plain, session.client_id, subscription)
+        else:
+            shared = self.shared.get(plain, group)
+            if shared is None:
+                shared = SharedGroup()
+                self.shared.add(plain, group, shared)
+            shared.add(session.client_id, subscription)
+        return existed
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
+        """Remove a subscription; False if the session had none on that filter."""
+        if session.subscriptions.pop(topic_filter, None) is None:
+            return False
+        group, plain = parse_shared_filter(topic_filter)
+        if group is None:
+            self.subscriptions.remove(plain, session.client_id)
+        else:
+            shared = self.shared.get(plain, group)
+            if shared is not None:
+                shared.remove(session.client_id)
+                if not shared.members:
+                    self.shared.remove(plain, group)
+        return True
+
+    def drop_session(self, session: Session, now: float) -> None:
+        """Forget every subscription of an ending session; hand its shared messages on."""
+        for topic_filter in list(session.subscriptions):
+            self.unsubscribe(session, topic_filter)
+        for group, message, qos in session.take_shared():
+            self.deliver_shared(group, message, qos, now, exclude=session.client_id)
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(self, message: Message, now: float) -> int:
+        """Route ``message``; store or clear it as retained if flagged. Returns receivers."""
+        if message.retain:
+            self.retained.set(message.topic, message if message.payload else None)
+        self.routed += 1
+        count = self._deliver_plain(message, now)
+        shared_matches = self.shared.match(message.topic) if len(self.shared) else ()
+        for topic_filter, groups in shared_matches:
+            for group_name, group in groups.items():
+                count += self._deliver_to_group(
+                    (group_name, topic_filter), group, message, message.qos, now, None
+                )
+        self.delivered += count
+        return count
+
+    def _deliver_plain(self, message: Message, now: float) -> int:
+        matches = self.subscriptions.match(message.topic)
+        if not matches:
+            return 0
+        sessions = self.sessions
+        sender = message.sender
+        msg_qos = message.qos
+        retain = message.retain
+        if len(matches) == 1:  # common case: no overlap possible
+            count = 0
+            for client_id, sub in matches[0][1].items():
+                opts = sub.options
+                if opts.no_local and client_id == sender:
+                    continue  # MQTT-3.8.3-3
+                ids = None if sub.subscription_id is None else [sub.subscription_id]
+                qos = opts.qos if opts.qos < msg_qos else msg_qos
+                sessions[client_id].deliver(
+                    message, qos, retain and opts.retain_as_published, ids, now
+                )
+                count += 1
+            return count
+        merged: dict[str, list] = {}
+        for _, entries in matches:
+            for client_id, sub in entries.items():
+                opts = sub.options
+                if opts.no_local and client_id == sender:
+                    continue
+                target = merged.get(client_id)
+                if target is None:
+                    target = merged[client_id] = [0, False, []]
+                target[0] = max(target[0], min(opts.qos, msg_qos))
+                target[1] = target[1] or (retain and opts.retain_as_published)
+                if sub.subscription_id is not None:
+                    target[2].append(sub.subscription_id)
+        for client_id, (qos, retain_flag, ids) in merged.items():
+            sessions[client_id].deliver(message, qos, retain_flag, ids or None, now)
+        return len(merged)
+
+    def deliver_shared(
+        self, key: SharedKey, message: Message, qos: int, now: float, exclude: str | None
+    ) -> int:
+        """Deliver to one member of the shared group ``key`` (used on redistribution)."""
+        group_name, topic_filter = key
+        group = self.shared.get(topic_filter, group_name)
+        if group is None:
+            return 0
+        return self._deliver_to_group(key, group, message, qos, now, exclude)
+
+    def _deliver_to_group(
+        self, key: SharedKey, group: SharedGroup, message: Message, qos: int, now: float,
+        exclude: str | None,
+    ) -> int:
+        chosen = group.choose(self.sessions, exclude)
+        if chosen is None:
+            return 0
+        session, sub = chosen
+        ids = None if sub.subscription_id is None else [sub.subscription_id]
+        granted = min(sub.options.qos, qos)
+        # Retained flag is cleared for shared deliveries unless retain-as-published.
+        retain = message.retain and sub.options.retain_as_published
+        session.deliver(message, granted, retain, ids, now, key)
+        return 1
+
+    # ------------------------------------------------------------------ retained
+
+    def retained_for(self, topic_filter: str) -> list[Message]:
+        """Retained messages matching a plain (non-shared) filter."""
+        return self.retained.match(topic_filter)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "subscriptions": len(self.subscriptions),
+            "shared_groups": len(self.shared),
+            "retained": len(self.retained),
+            "routed": self.routed,
+            "delivered": self.delivered,
+        }

@@ -1,0 +1,759 @@
+"""Encode and decode MQTT 3.1.1 / 5.0 packets; plain functions over ``bytes``.
+
+Theory of operation
+-------------------
+Decoding works on one complete frame at a time: ``parse_fixed_header`` finds the frame in a
+buffer (raising ``InsufficientData`` while it is incomplete) and ``decode_packet`` turns the
+frame body ``data[pos:end]`` into a packet object. Every decoder reads with explicit bounds, so
+a field that runs past ``end`` is a ``MalformedPacket``, never an ``IndexError``; any other
+surprise inside a decoder is converted to ``MalformedPacket`` by ``decode_packet``, so the only
+exception a peer can provoke is a ``RemoteProtocolError``.
+
+Decoders check what the bytes alone can tell (reserved bits, lengths, UTF-8, property rules,
+packet ids, reason codes allowed for the packet type). Rules that need connection state or
+configuration (topic aliases, receive maximum, topic name/filter syntax, ``$share`` options)
+belong to ``connection.py``.
+
+Encoders trust their input except for sizes the wire cannot carry (``LocalProtocolError``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from meshmq.mqtt.errors import (
+    InsufficientData,
+    LocalProtocolError,
+    MalformedPacket,
+    RemoteProtocolError,
+)
+from meshmq.mqtt.packets import (
+    MQTT_5,
+    MQTT_311,
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    SubscriptionOptions,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from meshmq.mqtt.properties import (
+    PROPERTY_TABLE,
+    REPEATABLE,
+    PacketKind,
+    Properties,
+    PropertyId,
+    WireType,
+)
+from meshmq.mqtt.reason_codes import ReasonCode
+
+MAX_REMAINING_LENGTH = 268_435_455
+MAX_VARINT = 268_435_455
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_pack_u16 = _U16.pack
+_pack_u32 = _U32.pack
+
+# Reason codes each packet type may carry (spec 3.x.2.1 tables).
+_PUBACK_CODES = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
+_PUBREL_CODES = frozenset({0x00, 0x92})
+_SUBACK_CODES = frozenset({0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2})
+_SUBACK_CODES_311 = frozenset({0x00, 0x01, 0x02, 0x80})
+_UNSUBACK_CODES = frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91})
+_DISCONNECT_CODES = frozenset(
+    {0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93, 0x94,
+     0x95, 0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2}
+)
+_AUTH_CODES = frozenset({0x00, 0x18, 0x19})
+_CONNACK_CODES = frozenset(
+    {0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90, 0x95,
+     0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F}
+)
+
+
+# --------------------------------------------------------------------------- primitives
+
+
+def encode_varint(value: int) -> bytes:
+    """Encode a Variable Byte Integer (spec 1.5.5)."""
+    if value < 128:
+        if value < 0:
+            raise LocalProtocolError(f"varint must not be negative: {value}")
+        return bytes((value,))
+    if value > MAX_VARINT:
+        raise LocalProtocolError(f"varint too large: {value}")
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def decode_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Return (value, next position); at most four bytes (MQTT-1.5.5-1)."""
+    value = 0
+    shift = 0
+    for i in range(4):
+        if pos + i >= end:
+            raise MalformedPacket("variable byte integer runs past the packet")
+        byte = data[pos + i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos + i + 1
+        shift += 7
+    raise MalformedPacket("variable byte integer longer than 4 bytes")
+
+
+def encode_utf8(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > 65535:
+        raise LocalProtocolError("UTF-8 string longer than 65535 bytes")
+    return _pack_u16(len(raw)) + raw
+
+
+def encode_binary(raw: bytes) -> bytes:
+    if len(raw) > 65535:
+        raise LocalProtocolError("binary data longer than 65535 bytes")
+    return _pack_u16(len(raw)) + raw
+
+
+def decode_u16(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    if pos + 2 > end:
+        raise MalformedPacket("two-byte integer runs past the packet")
+    return (data[pos] << 8) | data[pos + 1], pos + 2
+
+
+def decode_u32(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    if pos + 4 > end:
+        raise MalformedPacket("four-byte integer runs past the packet")
+    return _U32.unpack_from(data, pos)[0], pos + 4
+
+
+def decode_binary(data: bytes, pos: int, end: int) -> tuple[bytes, int]:
+    if pos + 2 > end:
+        raise MalformedPacket("length prefix runs past the packet")
+    stop = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+    if stop > end:
+        raise MalformedPacket("string or binary data runs past the packet")
+    return bytes(data[pos + 2 : stop]), stop
+
+
+def decode_utf8(data: bytes, pos: int, end: int) -> tuple[str, int]:
+    """Decode a UTF-8 Encoded String (spec 1.5.4): well-formed, no surrogates, no U+0000."""
+    raw, pos = decode_binary(data, pos, end)
+    try:
+        text = raw.decode("utf-8")  # strict: rejects surrogates and overlong forms (MQTT-1.5.4-1)
+    except UnicodeDecodeError as exc:
+        raise MalformedPacket(f"invalid UTF-8 string: {exc.reason}") from None
+    if "\x00" in text:
+        raise MalformedPacket("UTF-8 string contains U+0000")  # MQTT-1.5.4-2
+    return text, pos
+
+
+# --------------------------------------------------------------------------- properties
+
+
+def encode_properties(props: Properties) -> bytes:
+    """Encode a property block, length prefix included (one 0 byte when empty)."""
+    if not props:
+        return b"\x00"
+    body = bytearray()
+    for pid, value in props.items():
+        wire = PROPERTY_TABLE[pid][0]
+        if wire is WireType.UTF8_PAIR:
+            for name, val in value:  # type: ignore[attr-defined]
+                body.append(pid)
+                body += encode_utf8(name)
+                body += encode_utf8(val)
+        elif wire is WireType.VARINT:
+            for val in value if isinstance(value, list) else (value,):
+                body.append(pid)
+                body += encode_varint(val)
+        else:
+            body.append(pid)
+            body += _ENCODE_SCALAR[wire](value)
+    return encode_varint(len(body)) + body
+
+
+_ENCODE_SCALAR: dict[WireType, Callable[[object], bytes]] = {
+    WireType.BYTE: lambda v: bytes((v,)),  # type: ignore[arg-type]
+    WireType.TWO_BYTE: lambda v: _pack_u16(v),  # type: ignore[arg-type]
+    WireType.FOUR_BYTE: lambda v: _pack_u32(v),  # type: ignore[arg-type]
+    WireType.UTF8: lambda v: encode_utf8(v),  # type: ignore[arg-type]
+    WireType.BINARY: lambda v: encode_binary(v),  # type: ignore[arg-type]
+}
+
+
+def _decode_byte(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    if pos >= end:
+        raise MalformedPacket("byte runs past the packet")
+    return data[pos], pos + 1
+
+
+_DECODE_SCALAR = {
+    WireType.BYTE: _decode_byte,
+    WireType.TWO_BYTE: decode_u16,
+    WireType.FOUR_BYTE: decode_u32,
+    WireType.VARINT: decode_varint,
+    WireType.UTF8: decode_utf8,
+    WireType.BINARY: decode_binary,
+}
+
+
+def decode_properties(
+    data: bytes, pos: int, end: int, kind: PacketKind
+) -> tuple[Properties, int]:
+    """Decode a property block; return (properties, position after it)."""
+    length, pos = decode_varint(data, pos, end)
+    if length == 0:
+        return {}, pos
+    stop = pos + length
+    if stop > end:
+        raise MalformedPacket("property length runs past the packet")
+    props: Properties = {}
+    while pos < stop:
+        pid, pos = decode_varint(data, pos, stop)
+        entry = PROPERTY_TABLE.get(pid)
+        if entry is None:
+            raise MalformedPacket(f"unknown property identifier 0x{pid:02X}")
+        wire, kinds, bounds = entry
+        if kind not in kinds:
+            raise MalformedPacket(f"property 0x{pid:02X} is not allowed in {kind.name}")
+        if wire is WireType.UTF8_PAIR:
+            name, pos = decode_utf8(data, pos, stop)
+            val, pos = decode_utf8(data, pos, stop)
+            props.setdefault(pid, []).append((name, val))  # type: ignore[union-attr]
+            continue
+        value, pos = _DECODE_SCALAR[wire](data, pos, stop)
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:  # type: ignore[operator]
+            raise RemoteProtocolError(f"property 0x{pid:02X} has invalid value {value!r}")
+        if pid in REPEATABLE:
+            props.setdefault(pid, []).append(value)  # type: ignore[union-attr]
+        elif pid in props:
+            raise RemoteProtocolError(f"property 0x{pid:02X} appears more than once")
+        else:
+            props[pid] = value
+    return props, pos
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def parse_fixed_header(data: bytes, pos: int, end: int) -> tuple[int, int, int]:
+    """Locate one frame: return (first byte, body start, body end).
+
+    Raises ``InsufficientData`` when the fixed header or body is incomplete; the caller keeps
+    the bytes and tries again with more. ``MalformedPacket`` for a bad length encoding.
+    """
+    if end - pos < 2:
+        raise InsufficientData
+    first = data[pos]
+    byte = data[pos + 1]
+    if byte < 128:  # fast path: one length byte
+        start = pos + 2
+        stop = start + byte
+    else:
+        length = byte & 0x7F
+        shift = 7
+        i = pos + 2
+        while True:
+            if i >= end:
+                raise InsufficientData
+            byte = data[i]
+            length |= (byte & 0x7F) << shift
+            i += 1
+            if not byte & 0x80:
+                break
+            shift += 7
+            if shift > 21:
+                raise MalformedPacket("remaining length longer than 4 bytes")
+        start = i
+        stop = start + length
+    if stop > end:
+        raise InsufficientData
+    return first, start, stop
+
+
+def frame_length_hint(data: bytes, pos: int, end: int) -> int | None:
+    """Remaining length announced by a frame header, once the header is complete."""
+    length = 0
+    shift = 0
+    for i in range(pos + 1, min(pos + 5, end)):
+        byte = data[i]
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return length
+        shift += 7
+    if end - pos >= 5:
+        raise MalformedPacket("remaining length longer than 4 bytes")
+    return None
+
+
+def _frame(first: int, body: bytes | bytearray) -> bytes:
+    n = len(body)
+    if n < 128:
+        return bytes((first, n)) + body
+    return bytes((first,)) + encode_varint(n) + body
+
+
+# --------------------------------------------------------------------------- decoders
+
+
+def _need_packet_id(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    packet_id, pos = decode_u16(data, pos, end)
+    if packet_id == 0:
+        raise MalformedPacket("packet identifier must not be 0")  # MQTT-2.2.1-3
+    return packet_id, pos
+
+
+def _expect_end(pos: int, end: int, what: str) -> None:
+    if pos != end:
+        raise MalformedPacket(f"{what} has {end - pos} unexpected trailing bytes")
+
+
+def decode_connect(data: bytes, pos: int, end: int) -> Connect:
+    name, pos = decode_utf8(data, pos, end)
+    level, pos = _decode_byte(data, pos, end)
+    if name not in ("MQTT", "MQIsdp"):
+        raise MalformedPacket(f"unknown protocol name {name!r}")  # MQTT-3.1.2-1
+    if level not in (MQTT_311, MQTT_5):
+        raise RemoteProtocolError(
+            f"unsupported protocol level {level}", ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
+        )
+    if name != "MQTT":
+        raise MalformedPacket(f"protocol name {name!r} does not match level {level}")
+    flags, pos = _decode_byte(data, pos, end)
+    if flags & 0x01:
+        raise MalformedPacket("CONNECT reserved flag is set")  # MQTT-3.1.2-3
+    will_flag = bool(flags & 0x04)
+    will_qos = (flags >> 3) & 0x03
+    will_retain = bool(flags & 0x20)
+    if will_qos == 3:
+        raise MalformedPacket("will QoS 3")  # MQTT-3.1.2-12
+    if not will_flag and (will_qos or will_retain):
+        raise MalformedPacket("will QoS or retain set without will flag")  # MQTT-3.1.2-11,13
+    has_password = bool(flags & 0x40)
+    has_username = bool(flags & 0x80)
+    if level == MQTT_311 and has_password and not has_username:
+        raise MalformedPacket("password flag set without user name flag")  # MQTT-3.1.2-22
+    keep_alive, pos = decode_u16(data, pos, end)
+    props: Properties = {}
+    if level == MQTT_5:
+        props, pos = decode_properties(data, pos, end, PacketKind.CONNECT)
+    client_id, pos = decode_utf8(data, pos, end)
+    will = None
+    if will_flag:
+        will_props: Properties = {}
+        if level == MQTT_5:
+            will_props, pos = decode_properties(data, pos, end, PacketKind.WILL)
+        will_topic, pos = decode_utf8(data, pos, end)
+        will_payload, pos = decode_binary(data, pos, end)
+        will = Will(will_topic, will_payload, will_qos, will_retain, will_props)
+    username = password = None
+    if has_username:
+        username, pos = decode_utf8(data, pos, end)
+    if has_password:
+        password, pos = decode_binary(data, pos, end)
+    _expect_end(pos, end, "CONNECT")
+    return Connect(
+        client_id, level, bool(flags & 0x02), keep_alive, username, password, will, props, name
+    )
+
+
+def decode_connack(data: bytes, pos: int, end: int, version: int) -> Connack:
+    ack_flags, pos = _decode_byte(data, pos, end)
+    if ack_flags & 0xFE:
+        raise MalformedPacket("CONNACK reserved flags are set")  # MQTT-3.2.2-1
+    code, pos = _decode_byte(data, pos, end)
+    props: Properties = {}
+    if version == MQTT_5:
+        if code not in _CONNACK_CODES:
+            raise MalformedPacket(f"invalid CONNACK reason code 0x{code:02X}")
+        props, pos = decode_properties(data, pos, end, PacketKind.CONNACK)
+    elif code > 5:
+        raise MalformedPacket(f"invalid CONNACK return code {code}")
+    _expect_end(pos, end, "CONNACK")
+    return Connack(bool(ack_flags & 1), code, props)
+
+
+def decode_publish(data: bytes, pos: int, end: int, flags: int, version: int) -> Publish:
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise MalformedPacket("PUBLISH with QoS 3")  # MQTT-3.3.1-4
+    if qos == 0 and flags & 0x08:
+        raise MalformedPacket("DUP set on a QoS 0 PUBLISH")  # MQTT-3.3.1-2
+    topic, pos = decode_utf8(data, pos, end)
+    packet_id = None
+    if qos:
+        packet_id, pos = _need_packet_id(data, pos, end)
+    props: Properties = {}
+    if version == MQTT_5:
+        if pos < end and data[pos] == 0:
+            pos += 1
+        else:
+            props, pos = decode_properties(data, pos, end, PacketKind.PUBLISH)
+    return Publish(topic, data[pos:end], qos, bool(flags & 1), bool(flags & 8), packet_id, props)
+
+
+_ACK_CLASSES = {
+    PacketType.PUBACK: (Puback, _PUBACK_CODES, PacketKind.PUBACK),
+    PacketType.PUBREC: (Pubrec, _PUBACK_CODES, PacketKind.PUBREC),
+    PacketType.PUBREL: (Pubrel, _PUBREL_CODES, PacketKind.PUBREL),
+    PacketType.PUBCOMP: (Pubcomp, _PUBREL_CODES, PacketKind.PUBCOMP),
+}
+
+
+def _decode_ack(ptype: int, data: bytes, pos: int, end: int, version: int) -> Packet:
+    cls, codes, kind = _ACK_CLASSES[ptype]  # type: ignore[index]
+    packet_id, pos = _need_packet_id(data, pos, end)
+    code = 0
+    props: Properties = {}
+    if version == MQTT_5 and pos < end:
+        code, pos = _decode_byte(data, pos, end)
+        if code not in codes:
+            raise MalformedPacket(f"invalid {cls.__name__.upper()} reason code 0x{code:02X}")
+        if pos < end:
+            props, pos = decode_properties(data, pos, end, kind)
+    _expect_end(pos, end, cls.__name__.upper())
+    return cls(packet_id, code, props)
+
+
+def decode_subscribe(data: bytes, pos: int, end: int, version: int) -> Subscribe:
+    packet_id, pos = _need_packet_id(data, pos, end)
+    props: Properties = {}
+    if version == MQTT_5:
+        props, pos = decode_properties(data, pos, end, PacketKind.SUBSCRIBE)
+        if len(props.get(PropertyId.SUBSCRIPTION_IDENTIFIER, ())) > 1:  # type: ignore[arg-type]
+            raise RemoteProtocolError("more than one subscription identifier")
+    subscriptions: list[tuple[str, SubscriptionOptions]] = []
+    while pos < end:
+        topic_filter, pos = decode_utf8(data, pos, end)
+        options, pos = _decode_byte(data, pos, end)
+        subscriptions.append((topic_filter, _decode_subscription_options(options, version)))
+    if not subscriptions:
+        raise RemoteProtocolError("SUBSCRIBE without topic filters")  # MQTT-3.8.3-2
+    return Subscribe(packet_id, subscriptions, props)
+
+
+def _decode_subscription_options(options: int, version: int) -> SubscriptionOptions:
+    qos = options & 0x03
+    if qos == 3:
+        raise MalformedPacket("subscription requests QoS 3")
+    if version == MQTT_311:
+        if options & 0xFC:
+            raise MalformedPacket("reserved subscription option bits are set")  # MQTT-3-8.3-4
+        return SubscriptionOptions(qos)
+    if options & 0xC0:
+        raise MalformedPacket("reserved subscription option bits are set")  # MQTT-3.8.3-5
+    retain_handling = (options >> 4) & 0x03
+    if retain_handling == 3:
+        raise MalformedPacket("retain handling 3")
+    return SubscriptionOptions(qos, bool(options & 0x04), bool(options & 0x08), retain_handling)
+
+
+def decode_suback(data: bytes, pos: int, end: int, version: int) -> Suback:
+    packet_id, pos = _need_packet_id(data, pos, end)
+    props: Properties = {}
+    allowed = _SUBACK_CODES_311
+    if version == MQTT_5:
+        props, pos = decode_properties(data, pos, end, PacketKind.SUBACK)
+        allowed = _SUBACK_CODES
+    codes = list(data[pos:end])
+    if not codes or any(code not in allowed for code in codes):
+        raise MalformedPacket("SUBACK reason codes missing or invalid")
+    return Suback(packet_id, codes, props)
+
+
+def decode_unsubscribe(data: bytes, pos: int, end: int, version: int) -> Unsubscribe:
+    packet_id, pos = _need_packet_id(data, pos, end)
+    props: Properties = {}
+    if version == MQTT_5:
+        props, pos = decode_properties(data, pos, end, PacketKind.UNSUBSCRIBE)
+    filters: list[str] = []
+    while pos < end:
+        topic_filter, pos = decode_utf8(data, pos, end)
+        filters.append(topic_filter)
+    if not filters:
+        raise RemoteProtocolError("UNSUBSCRIBE without topic filters")  # MQTT-3.10.3-2
+    return Unsubscribe(packet_id, filters, props)
+
+
+def decode_unsuback(data: bytes, pos: int, end: int, version: int) -> Unsuback:
+    packet_id, pos = _need_packet_id(data, pos, end)
+    if version == MQTT_311:
+        _expect_end(pos, end, "UNSUBACK")
+        return Unsuback(packet_id)
+    props, pos = decode_properties(data, pos, end, PacketKind.UNSUBACK)
+    codes = list(data[pos:end])
+    if not codes or any(code not in _UNSUBACK_CODES for code in codes):
+        raise MalformedPacket("UNSUBACK reason codes missing or invalid")
+    return Unsuback(packet_id, codes, props)
+
+
+def _decode_reason_and_props(
+    data: bytes, pos: int, end: int, kind: PacketKind, codes: frozenset[int]
+) -> tuple[int, Properties]:
+    if pos == end:
+        return 0, {}
+    code, pos = _decode_byte(data, pos, end)
+    if code not in codes:
+        raise MalformedPacket(f"invalid {kind.name} reason code 0x{code:02X}")
+    props: Properties = {}
+    if pos < end:
+        props, pos = decode_properties(data, pos, end, kind)
+    _expect_end(pos, end, kind.name)
+    return code, props
+
+
+def decode_disconnect(data: bytes, pos: int, end: int, version: int) -> Disconnect:
+    if version == MQTT_311:
+        _expect_end(pos, end, "DISCONNECT")
+        return Disconnect()
+    return Disconnect(
+        *_decode_reason_and_props(data, pos, end, PacketKind.DISCONNECT, _DISCONNECT_CODES)
+    )
+
+
+def decode_auth(data: bytes, pos: int, end: int, version: int) -> Auth:
+    if version != MQTT_5:
+        raise MalformedPacket("AUTH is not a 3.1.1 packet")
+    return Auth(*_decode_reason_and_props(data, pos, end, PacketKind.AUTH, _AUTH_CODES))
+
+
+def _decode_empty(cls: type[Pingreq] | type[Pingresp], pos: int, end: int) -> Packet:
+    _expect_end(pos, end, cls.__name__.upper())
+    return cls()
+
+
+# Required fixed-header flag nibble per packet type (MQTT-2.1.3-1); PUBLISH is free-form.
+_REQUIRED_FLAGS = {
+    PacketType.CONNECT: 0, PacketType.CONNACK: 0, PacketType.PUBACK: 0, PacketType.PUBREC: 0,
+    PacketType.PUBREL: 2, PacketType.PUBCOMP: 0, PacketType.SUBSCRIBE: 2, PacketType.SUBACK: 0,
+    PacketType.UNSUBSCRIBE: 2, PacketType.UNSUBACK: 0, PacketType.PINGREQ: 0,
+    PacketType.PINGRESP: 0, PacketType.DISCONNECT: 0, PacketType.AUTH: 0,
+}
+
+
+def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> Packet:
+    """Decode the frame body ``data[pos:end]`` whose first header byte is ``first``.
+
+    ``version`` is the connection's protocol level (ignored for CONNECT, which states its own).
+    Raises only ``RemoteProtocolError`` (usually ``MalformedPacket``).
+    """
+    ptype = first >> 4
+    flags = first & 0x0F
+    try:
+        if ptype == PacketType.PUBLISH:
+            return decode_publish(data, pos, end, flags, version)
+        required = _REQUIRED_FLAGS.get(ptype)  # type: ignore[call-overload]
+        if required is None:
+            raise MalformedPacket(f"reserved packet type {ptype}")
+        if flags != required:
+            raise MalformedPacket(f"invalid fixed header flags for packet type {ptype}")
+        return _DECODERS[ptype](data, pos, end, version)
+    except RemoteProtocolError:
+        raise
+    except Exception as exc:  # a bounds slip must still be a protocol error, never a crash
+        raise MalformedPacket(f"undecodable packet type {ptype}: {exc!r}") from None
+
+
+_DECODERS: dict[int, Callable[[bytes, int, int, int], Packet]] = {
+    PacketType.CONNECT: lambda d, p, e, v: decode_connect(d, p, e),
+    PacketType.CONNACK: decode_connack,
+    PacketType.PUBACK: lambda d, p, e, v: _decode_ack(PacketType.PUBACK, d, p, e, v),
+    PacketType.PUBREC: lambda d, p, e, v: _decode_ack(PacketType.PUBREC, d, p, e, v),
+    PacketType.PUBREL: lambda d, p, e, v: _decode_ack(PacketType.PUBREL, d, p, e, v),
+    PacketType.PUBCOMP: lambda d, p, e, v: _decode_ack(PacketType.PUBCOMP, d, p, e, v),
+    PacketType.SUBSCRIBE: decode_subscribe,
+    PacketType.SUBACK: decode_suback,
+    PacketType.UNSUBSCRIBE: decode_unsubscribe,
+    PacketType.UNSUBACK: decode_unsuback,
+    PacketType.PINGREQ: lambda d, p, e, v: _decode_empty(Pingreq, p, e),
+    PacketType.PINGRESP: lambda d, p, e, v: _decode_empty(Pingresp, p, e),
+    PacketType.DISCONNECT: decode_disconnect,
+    PacketType.AUTH: decode_auth,
+}
+
+
+# --------------------------------------------------------------------------- encoders
+
+
+def encode_publish(
+    topic: bytes,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int | None,
+    properties: bytes | None,
+) -> bytes:
+    """Encode a PUBLISH from pre-encoded parts.
+
+    ``topic`` is the UTF-8 topic (may be empty when a topic alias is used); ``properties`` is
+    an encoded property block for 5.0 (``b"\\x00"`` when empty) or ``None`` for 3.1.1.
+    """
+    first = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
+    parts = [_pack_u16(len(topic)), topic]
+    if qos:
+        parts.append(_pack_u16(packet_id))  # type: ignore[arg-type]
+    if properties is not None:
+        parts.append(properties)
+    parts.append(payload)
+    body = b"".join(parts)
+    return _frame(first, body)
+
+
+def _encode_publish_packet(packet: Publish, version: int) -> bytes:
+    props = encode_properties(packet.properties) if version == MQTT_5 else None
+    return encode_publish(
+        packet.topic.encode("utf-8"), packet.payload, packet.qos, packet.retain, packet.dup,
+        packet.packet_id, props,
+    )
+
+
+def _encode_connect(packet: Connect, version: int) -> bytes:
+    level = packet.protocol_level
+    flags = 0x02 if packet.clean_start else 0
+    will = packet.will
+    if will is not None:
+        flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
+    if packet.username is not None:
+        flags |= 0x80
+    if packet.password is not None:
+        flags |= 0x40
+    body = bytearray(encode_utf8(packet.protocol_name))
+    body.append(level)
+    body.append(flags)
+    body += _pack_u16(packet.keep_alive)
+    if level == MQTT_5:
+        body += encode_properties(packet.properties)
+    body += encode_utf8(packet.client_id)
+    if will is not None:
+        if level == MQTT_5:
+            body += encode_properties(will.properties)
+        body += encode_utf8(will.topic)
+        body += encode_binary(will.payload)
+    if packet.username is not None:
+        body += encode_utf8(packet.username)
+    if packet.password is not None:
+        body += encode_binary(packet.password)
+    return _frame(0x10, body)
+
+
+def _encode_connack(packet: Connack, version: int) -> bytes:
+    body = bytes((1 if packet.session_present else 0, packet.reason_code))
+    if version == MQTT_5:
+        body += encode_properties(packet.properties)
+    return _frame(0x20, body)
+
+
+def _encode_ack(packet: Puback | Pubrec | Pubrel | Pubcomp, version: int) -> bytes:
+    first = (packet.type << 4) | (2 if packet.type == PacketType.PUBREL else 0)
+    if version == MQTT_5 and (packet.reason_code or packet.properties):
+        body = _pack_u16(packet.packet_id) + bytes((packet.reason_code,))
+        if packet.properties:
+            body += encode_properties(packet.properties)
+        return _frame(first, body)
+    return bytes((first, 2)) + _pack_u16(packet.packet_id)
+
+
+def _encode_subscribe(packet: Subscribe, version: int) -> bytes:
+    body = bytearray(_pack_u16(packet.packet_id))
+    if version == MQTT_5:
+        body += encode_properties(packet.properties)
+    for topic_filter, opts in packet.subscriptions:
+        body += encode_utf8(topic_filter)
+        options = opts.qos
+        if version == MQTT_5:
+            options |= (
+                (4 if opts.no_local else 0) | (8 if opts.retain_as_published else 0)
+                | (opts.retain_handling << 4)
+            )
+        body.append(options)
+    return _frame(0x82, body)
+
+
+def _encode_suback(packet: Suback | Unsuback, version: int) -> bytes:
+    body = bytearray(_pack_u16(packet.packet_id))
+    if version == MQTT_5:
+        body += encode_properties(packet.properties)
+        body += bytes(packet.reason_codes)
+    elif packet.type == PacketType.SUBACK:
+        body += bytes(packet.reason_codes)
+    return _frame(packet.type << 4, body)
+
+
+def _encode_unsubscribe(packet: Unsubscribe, version: int) -> bytes:
+    body = bytearray(_pack_u16(packet.packet_id))
+    if version == MQTT_5:
+        body += encode_properties(packet.properties)
+    for topic_filter in packet.topic_filters:
+        body += encode_utf8(topic_filter)
+    return _frame(0xA2, body)
+
+
+def _encode_reason_packet(packet: Disconnect | Auth, version: int) -> bytes:
+    first = packet.type << 4
+    if version != MQTT_5 or (packet.reason_code == 0 and not packet.properties):
+        return bytes((first, 0))
+    body = bytes((packet.reason_code,))
+    if packet.properties:
+        body += encode_properties(packet.properties)
+    return _frame(first, body)
+
+
+_ENCODERS: dict[int, Callable[[Packet, int], bytes]] = {
+    PacketType.CONNECT: _encode_connect,  # type: ignore[dict-item]
+    PacketType.CONNACK: _encode_connack,  # type: ignore[dict-item]
+    PacketType.PUBLISH: _encode_publish_packet,  # type: ignore[dict-item]
+    PacketType.PUBACK: _encode_ack,  # type: ignore[dict-item]
+    PacketType.PUBREC: _encode_ack,  # type: ignore[dict-item]
+    PacketType.PUBREL: _encode_ack,  # type: ignore[dict-item]
+    PacketType.PUBCOMP: _encode_ack,  # type: ignore[dict-item]
+    PacketType.SUBSCRIBE: _encode_subscribe,  # type: ignore[dict-item]
+    PacketType.SUBACK: _encode_suback,  # type: ignore[dict-item]
+    PacketType.UNSUBSCRIBE: _encode_unsubscribe,  # type: ignore[dict-item]
+    PacketType.UNSUBACK: _encode_suback,  # type: ignore[dict-item]
+    PacketType.PINGREQ: lambda p, v: b"\xc0\x00",
+    PacketType.PINGRESP: lambda p, v: b"\xd0\x00",
+    PacketType.DISCONNECT: _encode_reason_packet,  # type: ignore[dict-item]
+    PacketType.AUTH: _encode_reason_packet,  # type: ignore[dict-item]
+}
+
+
+def encode_packet(packet: Packet, version: int) -> bytes:
+    """Encode ``packet`` for a peer speaking protocol level ``version`` (4 or 5)."""
+    frame = _ENCODERS[packet.type](packet, version)
+    if len(frame) > MAX_REMAINING_LENGTH + 5:
+        raise LocalProtocolError("packet too large for MQTT")
+    return frame
+
+
+def decode_frames(data: bytes, version: int) -> list[Packet]:
+    """Decode every complete frame in ``data`` (a convenience for tests and tools)."""
+    packets: list[Packet] = []
+    pos, end = 0, len(data)
+    while pos < end:
+        first, start, stop = parse_fixed_header(data, pos, end)
+        packets.append(decode_packet(first, data, start, stop, version))
+        pos = stop
+    return packets

@@ -1,0 +1,423 @@
+"""Server side of one MQTT connection, sans I/O.
+
+Theory of operation
+-------------------
+Feed bytes with ``receive_data()``; take decoded, validated packets from ``events_received()``;
+write what ``data_to_send()`` returns. The broker answers events with ``send_*()`` calls.
+
+States (compared by identity)::
+
+    AWAIT_CONNECT --CONNECT--> CONNECTING --send_connack(success)--> CONNECTED
+         |                          |                                    |
+         +------- protocol error / failed CONNACK / DISCONNECT ---------> CLOSED
+
+This object enforces every rule that needs only the bytes and this connection's state: first
+packet is CONNECT (MQTT-3.1.0-1) and only once (MQTT-3.1.0-2), our maximum packet size (checked
+from the fixed header, before the body is buffered), inbound topic aliases, topic names, the
+receive maximum we granted, QoS/retain availability, server-only packet types, the session
+expiry rule of DISCONNECT. A violation never raises out of ``receive_data()``: it is stored in
+``error``, the right CONNACK or DISCONNECT is queued (5.0; 3.1.1 just closes), the state becomes
+CLOSED and later input is discarded. The I/O layer closes the socket once it has written
+``data_to_send()`` and sees ``closed``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from meshmq.mqtt.codec import decode_packet as _decode_packet
+from meshmq.mqtt.codec import encode_packet, frame_length_hint, parse_fixed_header
+from meshmq.mqtt.errors import InsufficientData, LocalProtocolError, RemoteProtocolError
+from meshmq.mqtt.packets import (
+    MQTT_5,
+    MQTT_311,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Unsuback,
+)
+from meshmq.mqtt.properties import Properties, PropertyId
+from meshmq.mqtt.reason_codes import ReasonCode, connack_code_311
+from meshmq.mqtt.topics import validate_topic_name
+
+
+class ConnectionState(Enum):
+    AWAIT_CONNECT = 1
+    CONNECTING = 2
+    CONNECTED = 3
+    CLOSED = 4
+
+
+AWAIT_CONNECT = ConnectionState.AWAIT_CONNECT
+CONNECTING = ConnectionState.CONNECTING
+CONNECTED = ConnectionState.CONNECTED
+CLOSED = ConnectionState.CLOSED
+
+_CLIENT_FORBIDDEN = frozenset(
+    {PacketType.CONNACK, PacketType.SUBACK, PacketType.UNSUBACK, PacketType.PINGRESP}
+)
+_PINGRESP = b"\xd0\x00"
+_PROBLEM_PROPS = (PropertyId.REASON_STRING, PropertyId.USER_PROPERTY)
+UNLIMITED = 268_435_460
+
+
+class ServerConnection:
+    """Protocol state of one client connection, as seen by the broker."""
+
+    __slots__ = (
+        "_aliases_in",
+        "_aliases_out",
+        "_buffer",
+        "_events",
+        "_need",
+        "_out",
+        "_out_bytes",
+        "_qos1_in",
+        "_qos2_in",
+        "client_max_packet_size",
+        "client_receive_maximum",
+        "client_topic_alias_maximum",
+        "connect",
+        "error",
+        "max_packet_size",
+        "max_qos",
+        "max_topic_levels",
+        "outgoing_alias_maximum",
+        "problem_information",
+        "receive_maximum",
+        "retain_available",
+        "state",
+        "topic_alias_maximum",
+        "version",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_packet_size: int = 1_048_576,
+        receive_maximum: int = 65535,
+        topic_alias_maximum: int = 65535,
+        max_topic_levels: int = 128,
+        max_qos: int = 2,
+        retain_available: bool = True,
+    ) -> None:
+        self.state = AWAIT_CONNECT
+        self.version = MQTT_311
+        self.max_packet_size = max_packet_size
+        self.receive_maximum = receive_maximum
+        self.topic_alias_maximum = topic_alias_maximum
+        self.max_topic_levels = max_topic_levels
+        self.max_qos = max_qos
+        self.retain_available = retain_available
+        self.connect: Connect | None = None
+        self.error: RemoteProtocolError | None = None
+        self.client_max_packet_size = UNLIMITED
+        self.client_receive_maximum = 65535
+        self.client_topic_alias_maximum = 0
+        self.outgoing_alias_maximum = 0
+        self.problem_information = True
+        self._buffer: list[bytes] = []
+        self._need = 0
+        self._events: list[Packet] = []
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._aliases_in: dict[int, str] = {}
+        self._aliases_out: dict[str, int] = {}
+        self._qos1_in = 0
+        self._qos2_in: set[int] = set()
+
+    # ------------------------------------------------------------------ input
+
+    @property
+    def closed(self) -> bool:
+        return self.state is CLOSED
+
+    def receive_data(self, data: bytes) -> None:
+        """Parse ``data``; then call ``events_received()`` and ``data_to_send()``."""
+        if self.state is CLOSED:
+            return
+        if self._buffer:
+            self._buffer.append(data)
+            self._need -= len(data)
+            if self._need > 0:
+                return
+            data = b"".join(self._buffer)
+            self._buffer = []
+        pos = 0
+        end = len(data)
+        try:
+            while pos < end:
+                try:
+                    first, start, stop = parse_fixed_header(data, pos, end)
+                except InsufficientData:
+                    self._keep_partial(data, pos, end)
+                    return
+                if stop - pos > self.max_packet_size:
+                    self._too_large(stop - start)
+                packet = _decode_packet(first, data, start, stop, self.version)
+                pos = stop
+                self._accept(packet)
+                if self.state is CLOSED:
+                    return
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+
+    def _keep_partial(self, data: bytes, pos: int, end: int) -> None:
+        hint = frame_length_hint(data, pos, end)
+        if hint is None:
+            self._need = 1
+        else:
+            if hint + 2 > self.max_packet_size:
+                self._too_large(hint)  # refuse before buffering a huge body
+            self._need = hint + 2 - (end - pos)  # approximate: header size >= 2
+        self._buffer = [data[pos:end]]
+
+    def _too_large(self, length: int) -> None:
+        raise RemoteProtocolError(
+            f"packet of {length} bytes exceeds maximum packet size {self.max_packet_size}",
+            ReasonCode.PACKET_TOO_LARGE,
+        )
+
+    def receive_eof(self) -> None:
+        """The peer closed its side; nothing more will arrive."""
+        self.state = CLOSED
+
+    def events_received(self) -> list[Packet]:
+        """Packets received since the last call, in order; the broker must act on each."""
+        events = self._events
+        self._events = []
+        return events
+
+    def _accept(self, packet: Packet) -> None:
+        ptype = packet.type
+        if ptype is PacketType.PUBLISH:
+            if self.state is AWAIT_CONNECT:
+                raise RemoteProtocolError("PUBLISH before CONNECT")  # MQTT-3.1.0-1
+            self._check_publish(packet)  # type: ignore[arg-type]
+        elif ptype is PacketType.CONNECT:
+            self._on_connect(packet)  # type: ignore[arg-type]
+        elif self.state is AWAIT_CONNECT:
+            raise RemoteProtocolError(f"{ptype.name} before CONNECT")  # MQTT-3.1.0-1
+        elif ptype is PacketType.PINGREQ:
+            self._out.append(_PINGRESP)
+            return
+        elif ptype is PacketType.PUBREL:
+            self._qos2_in.discard(packet.packet_id)  # type: ignore[union-attr]
+        elif ptype is PacketType.DISCONNECT:
+            self._on_disconnect(packet)  # type: ignore[arg-type]
+        elif ptype is PacketType.AUTH:
+            raise RemoteProtocolError("AUTH without an authentication method")  # MQTT-4.12.0-1
+        elif ptype in _CLIENT_FORBIDDEN:
+            raise RemoteProtocolError(f"a client must not send {ptype.name}")
+        self._events.append(packet)
+
+    def _on_connect(self, packet: Connect) -> None:
+        if self.state is not AWAIT_CONNECT:
+            raise RemoteProtocolError("second CONNECT")  # MQTT-3.1.0-2
+        self.version = packet.protocol_level
+        self.connect = packet
+        self.state = CONNECTING
+        props = packet.properties
+        if props:
+            self.client_receive_maximum = props.get(PropertyId.RECEIVE_MAXIMUM, 65535)  # type: ignore[assignment]
+            self.client_max_packet_size = props.get(PropertyId.MAXIMUM_PACKET_SIZE, UNLIMITED)  # type: ignore[assignment]
+            self.client_topic_alias_maximum = props.get(PropertyId.TOPIC_ALIAS_MAXIMUM, 0)  # type: ignore[assignment]
+            self.problem_information = props.get(PropertyId.REQUEST_PROBLEM_INFORMATION, 1) == 1
+        if packet.will is not None:
+            validate_topic_name(packet.will.topic, self.max_topic_levels)  # MQTT-3.1.3-11
+            if packet.will.qos > self.max_qos:
+                raise RemoteProtocolError("will QoS not supported", ReasonCode.QOS_NOT_SUPPORTED)
+            if packet.will.retain and not self.retain_available:
+                raise RemoteProtocolError("retain not supported", ReasonCode.RETAIN_NOT_SUPPORTED)
+
+    def _check_publish(self, packet: Publish) -> None:
+        props = packet.properties
+        if props:
+            if PropertyId.SUBSCRIPTION_IDENTIFIER in props:
+                # MQTT-3.3.4-6
+                raise RemoteProtocolError("client PUBLISH with subscription identifier")
+            alias = props.pop(PropertyId.TOPIC_ALIAS, None)
+            if alias is not None:
+                self._resolve_alias(packet, alias)  # type: ignore[arg-type]
+        topic = packet.topic
+        if not topic:
+            raise RemoteProtocolError("empty topic name", ReasonCode.TOPIC_NAME_INVALID)
+        validate_topic_name(topic, self.max_topic_levels)  # MQTT-3.3.2-2
+        qos = packet.qos
+        if qos > self.max_qos:
+            raise RemoteProtocolError(f"QoS {qos} not supported", ReasonCode.QOS_NOT_SUPPORTED)
+        if packet.retain and not self.retain_available:
+            raise RemoteProtocolError("retain not supported", ReasonCode.RETAIN_NOT_SUPPORTED)
+        if qos == 1:
+            self._qos1_in += 1
+        elif qos == 2:
+            if packet.packet_id in self._qos2_in:
+                return  # a resend of a message we still hold: not a new slot
+            self._qos2_in.add(packet.packet_id)  # type: ignore[arg-type]
+        else:
+            return
+        if self._qos1_in + len(self._qos2_in) > self.receive_maximum:
+            raise RemoteProtocolError(
+                "client exceeded our receive maximum", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+            )  # MQTT-3.3.4-9
+
+    def _resolve_alias(self, packet: Publish, alias: int) -> None:
+        if alias > self.topic_alias_maximum:
+            raise RemoteProtocolError(
+                f"topic alias {alias} above maximum {self.topic_alias_maximum}",
+                ReasonCode.TOPIC_ALIAS_INVALID,
+            )  # MQTT-3.3.2-9
+        if packet.topic:
+            self._aliases_in[alias] = packet.topic
+            return
+        topic = self._aliases_in.get(alias)
+        if topic is None:
+            raise RemoteProtocolError(f"unknown topic alias {alias}")
+        packet.topic = topic
+
+    def _on_disconnect(self, packet: Disconnect) -> None:
+        requested = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+        if requested and self.connect is not None:
+            original = self.connect.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+            if not original:
+                # MQTT-3.14.2-2
+                raise RemoteProtocolError("session expiry set on DISCONNECT after 0")
+        self.state = CLOSED
+
+    def _fail(self, exc: RemoteProtocolError) -> None:
+        self.error = exc
+        self._buffer = []
+        code = exc.reason_code
+        if self.state is AWAIT_CONNECT or self.state is CONNECTING:
+            connect = self.connect
+            if connect is not None and connect.protocol_level == MQTT_5:
+                self._out.append(encode_packet(Connack(False, code), MQTT_5))
+            elif code in (ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,):
+                self._out.append(encode_packet(Connack(False, connack_code_311(code)), MQTT_311))
+        elif self.version == MQTT_5:
+            self._out.append(encode_packet(Disconnect(code), MQTT_5))
+        self.state = CLOSED
+
+    # ------------------------------------------------------------------ output
+
+    def data_to_send(self) -> bytes:
+        """Bytes to write to the socket now (possibly empty)."""
+        if not self._out:
+            return b""
+        out = self._out
+        self._out = []
+        self._out_bytes = 0
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    @property
+    def pending_output(self) -> int:
+        """Bytes queued by ``send_frame`` and not yet taken by ``data_to_send``."""
+        return self._out_bytes
+
+    def send_frame(self, frame: bytes) -> bool:
+        """Queue an encoded packet; False if it exceeds the client's maximum packet size.
+
+        A dropped PUBLISH must be treated by the caller as delivered (MQTT-3.1.2-25).
+        """
+        if len(frame) > self.client_max_packet_size:
+            return False
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        return True
+
+    def send(self, packet: Packet) -> bool:
+        """Encode and queue ``packet`` for this client's protocol version."""
+        if self.state is CLOSED:
+            return False
+        if not self.problem_information and packet.properties and packet.type not in (  # type: ignore[union-attr]
+            PacketType.PUBLISH, PacketType.CONNACK, PacketType.DISCONNECT
+        ):
+            for pid in _PROBLEM_PROPS:  # MQTT-3.1.2-29
+                packet.properties.pop(pid, None)  # type: ignore[union-attr]
+        return self.send_frame(encode_packet(packet, self.version))
+
+    def send_connack(
+        self, reason_code: int = 0, session_present: bool = False,
+        properties: Properties | None = None,
+    ) -> None:
+        """Answer the CONNECT; a failure code closes the connection."""
+        if self.state is not CONNECTING:
+            raise LocalProtocolError(f"CONNACK in state {self.state.name}")
+        if self.version == MQTT_5:
+            packet = Connack(session_present and reason_code == 0, reason_code, properties or {})
+            self._out.append(encode_packet(packet, MQTT_5))
+        else:
+            code = connack_code_311(reason_code)
+            self._out.append(encode_packet(Connack(session_present and code == 0, code), MQTT_311))
+        if reason_code >= 0x80:
+            self.state = CLOSED
+        else:
+            self.state = CONNECTED
+            self.outgoing_alias_maximum = min(
+                self.outgoing_alias_maximum, self.client_topic_alias_maximum
+            )
+
+    def send_puback(self, packet_id: int, reason_code: int = 0) -> None:
+        """Acknowledge an incoming QoS 1 PUBLISH (frees one receive-maximum slot)."""
+        if self._qos1_in:
+            self._qos1_in -= 1
+        self.send(Puback(packet_id, reason_code))
+
+    def send_pubrec(self, packet_id: int, reason_code: int = 0) -> None:
+        """First answer to an incoming QoS 2 PUBLISH; an error code ends the exchange."""
+        if reason_code >= 0x80:
+            self._qos2_in.discard(packet_id)
+        self.send(Pubrec(packet_id, reason_code))
+
+    def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None:
+        self._qos2_in.discard(packet_id)
+        self.send(Pubcomp(packet_id, reason_code))
+
+    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
+        self.send(Pubrel(packet_id, reason_code))
+
+    def send_suback(self, packet_id: int, reason_codes: list[int]) -> None:
+        if self.version == MQTT_311:  # 3.1.1 knows only 0, 1, 2 and 0x80
+            reason_codes = [code if code < 0x80 else 0x80 for code in reason_codes]
+        self.send(Suback(packet_id, reason_codes))
+
+    def send_unsuback(self, packet_id: int, reason_codes: list[int]) -> None:
+        self.send(Unsuback(packet_id, reason_codes if self.version == MQTT_5 else []))
+
+    def send_disconnect(self, reason_code: int, properties: Properties | None = None) -> None:
+        """Tell a 5.0 client why we close (3.1.1 has no server DISCONNECT), then close."""
+        if self.state is CONNECTED and self.version == MQTT_5:
+            self._out.append(encode_packet(Disconnect(reason_code, properties or {}), MQTT_5))
+        self.state = CLOSED
+
+    def outgoing_alias(self, topic: str) -> tuple[int, bool] | None:
+        """Topic alias to use for an outgoing PUBLISH on ``topic``: (alias, already sent).
+
+        None when aliases are off or all are taken (then send the full topic).
+        """
+        alias = self._aliases_out.get(topic)
+        if alias is not None:
+            return alias, True
+        if len(self._aliases_out) >= self.outgoing_alias_maximum:
+            return None
+        alias = len(self._aliases_out) + 1
+        self._aliases_out[topic] = alias
+        return alias, False
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "state": self.state.value,
+            "qos1_in": self._qos1_in,
+            "qos2_in": len(self._qos2_in),
+            "aliases_in": len(self._aliases_in),
+            "aliases_out": len(self._aliases_out),
+            "pending_output": self._out_bytes,
+        }

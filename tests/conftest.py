@@ -1,0 +1,201 @@
+"""Shared fixtures: a real broker process on an ephemeral port, and paho-mqtt client helpers."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+WAIT = 10.0  # seconds any condition may take before a test fails
+
+
+def wait_for(condition: Callable[[], object], timeout: float = WAIT, what: str = "condition"):
+    """Poll ``condition`` until it returns a truthy value; fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@dataclass
+class BrokerProcess:
+    """A ``meshmq serve`` subprocess listening on 127.0.0.1 at ``port``."""
+
+    proc: subprocess.Popen
+    port: int
+    data_dir: Path
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=WAIT)
+
+
+def start_broker(tmp_path: Path, config: str = "", name: str = "broker") -> BrokerProcess:
+    """Start a broker with ``config`` (TOML text, merged after the defaults) and wait for it."""
+    workdir = tmp_path / name
+    workdir.mkdir(parents=True, exist_ok=True)
+    port_file = workdir / "port"
+    config_file = workdir / "meshmq.toml"
+    config_file.write_text(config)
+    log_path = workdir / "broker.log"
+    cmd = [
+        sys.executable, "-m", "meshmq", "serve", "--config", str(config_file),
+        "--bind", "127.0.0.1", "--port", "0", "--data-dir", str(workdir / "data"),
+        "--log-level", "debug", "--port-file", str(port_file),
+    ]
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+    broker = BrokerProcess(proc, 0, workdir / "data", log_path)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"broker exited with {proc.returncode}:\n{broker.log()}")
+        return port_file.exists() and port_file.read_text().strip() != ""
+
+    wait_for(ready, what="broker to listen")
+    broker.port = int(port_file.read_text())
+    return broker
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    proc = start_broker(tmp_path)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    started: list[BrokerProcess] = []
+
+    def factory(config: str = "", name: str = "broker") -> BrokerProcess:
+        proc = start_broker(tmp_path, config, name)
+        started.append(proc)
+        return proc
+
+    yield factory
+    for proc in started:
+        proc.stop()
+
+
+@dataclass
+class Client:
+    """A paho-mqtt client running its network loop in a thread, with queues to wait on."""
+
+    paho: mqtt.Client
+    version: int
+    messages: queue.Queue = field(default_factory=queue.Queue)
+    connacks: queue.Queue = field(default_factory=queue.Queue)
+    subacks: queue.Queue = field(default_factory=queue.Queue)
+    unsubacks: queue.Queue = field(default_factory=queue.Queue)
+    disconnects: queue.Queue = field(default_factory=queue.Queue)
+    acked: queue.Queue = field(default_factory=queue.Queue)
+
+    def connect(self, port: int, clean_start: bool = True, properties: Properties | None = None,
+                keepalive: int = 60, expect_success: bool = True):
+        if self.version == 5:
+            self.paho.connect("127.0.0.1", port, keepalive=keepalive, clean_start=clean_start,
+                              properties=properties)
+        else:
+            self.paho.connect("127.0.0.1", port, keepalive=keepalive)
+        self.paho.loop_start()
+        flags, reason, props = self.connacks.get(timeout=WAIT)
+        if expect_success:
+            assert not reason.is_failure, f"CONNACK refused: {reason}"
+        return flags, reason, props
+
+    def subscribe(self, topic, qos: int = 0, options=None, properties=None):
+        if self.version == 5:
+            opts = options or mqtt.SubscribeOptions(qos=qos)
+            self.paho.subscribe(topic if isinstance(topic, list) else [(topic, opts)],
+                                properties=properties)
+        else:
+            self.paho.subscribe(topic if isinstance(topic, list) else [(topic, qos)])
+        return self.subacks.get(timeout=WAIT)
+
+    def unsubscribe(self, topic, properties=None):
+        self.paho.unsubscribe(topic, properties=properties)
+        return self.unsubacks.get(timeout=WAIT)
+
+    def publish(self, topic: str, payload: bytes | str = b"", qos: int = 0, retain: bool = False,
+                properties: Properties | None = None, wait: bool = True) -> mqtt.MQTTMessageInfo:
+        info = self.paho.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        if wait and qos:
+            info.wait_for_publish(timeout=WAIT)
+            assert info.is_published()
+        return info
+
+    def expect(self, timeout: float = WAIT) -> mqtt.MQTTMessage:
+        return self.messages.get(timeout=timeout)
+
+    def expect_none(self, timeout: float = 0.5) -> None:
+        """Assert no message arrives within ``timeout`` (use after a barrier message)."""
+        try:
+            msg = self.messages.get(timeout=timeout)
+        except queue.Empty:
+            return
+        pytest.fail(f"unexpected message on {msg.topic}: {msg.payload!r}")
+
+    def disconnect(self, properties: Properties | None = None, reasoncode=None) -> None:
+        self.paho.disconnect(reasoncode=reasoncode, properties=properties)
+        self.paho.loop_stop()
+
+
+@pytest.fixture
+def client_factory() -> Iterator[Callable[..., Client]]:
+    clients: list[Client] = []
+
+    def factory(client_id: str = "", version: int = 5, **kwargs) -> Client:
+        protocol = mqtt.MQTTv5 if version == 5 else mqtt.MQTTv311
+        extra = {} if version == 5 else {"clean_session": kwargs.pop("clean_session", True)}
+        paho = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol,
+                           **extra, **kwargs)
+        client = Client(paho, version)
+        paho.on_connect = lambda c, u, flags, rc, props: client.connacks.put((flags, rc, props))
+        paho.on_message = lambda c, u, msg: client.messages.put(msg)
+        paho.on_subscribe = lambda c, u, mid, rcs, props: client.subacks.put(rcs)
+        paho.on_unsubscribe = lambda c, u, mid, rcs, props: client.unsubacks.put(rcs)
+        paho.on_disconnect = lambda c, u, flags, rc, props: client.disconnects.put(rc)
+        paho.on_publish = lambda c, u, mid, rc, props: client.acked.put((mid, rc))
+        clients.append(client)
+        return client
+
+    yield factory
+    for client in clients:
+        try:
+            client.paho.disconnect()
+        except Exception:
+            pass
+        client.paho.loop_stop()
+
+
+def props(packet_type: int = PacketTypes.PUBLISH, **values) -> Properties:
+    """Build paho Properties, e.g. ``props(PacketTypes.CONNECT, SessionExpiryInterval=60)``."""
+    result = Properties(packet_type)
+    for name, value in values.items():
+        setattr(result, name, value)
+    return result
+
+
+__all__ = ["WAIT", "BrokerProcess", "Client", "props", "start_broker", "threading", "wait_for"]
