@@ -5,8 +5,8 @@ Theory of operation
 The router calls ``deliver()`` with a shared ``Message`` and the QoS/retain/subscription ids it
 resolved for this session. While a client is attached:
 
-* QoS 0 goes straight to the connection's output (dropped and counted while the connection is
-  congested: the slow-reader policy for in-memory QoS 0);
+* QoS 0 goes straight to the connection's output, or into the queue while the connection is
+  congested (so a slow reader loses its oldest QoS 0 messages, counted, once the queue is full);
 * QoS 1/2 take a packet id and an ``inflight`` slot if the window (the client's Receive
   Maximum, capped by ``max_inflight_messages``) has room and the connection is not congested;
   otherwise they wait in ``queue``.
@@ -131,10 +131,10 @@ class Session:
                 self._enqueue((message, qos, retain, subscription_ids, group))
             return
         if not qos:
-            if client.congested:
-                self._count_drop("QoS 0 message to a congested client")
-                return
-            self._send(client, message, 0, retain, subscription_ids, None, False, now)
+            if client.congested:  # wait in the bounded queue; its policy drops when full
+                self._enqueue((message, 0, retain, subscription_ids, group))
+            else:
+                self._send(client, message, 0, retain, subscription_ids, None, False, now)
             return
         if self.queue or client.congested or len(self.inflight) >= self._window(client):
             self._enqueue((message, qos, retain, subscription_ids, group))
