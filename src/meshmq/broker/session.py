@@ -177,6 +177,8 @@ class Session:
                     props = message.encoded_properties()
             frame = encode_publish(topic, message.payload, qos, retain, dup, packet_id, props)
         sent = conn.send_frame(frame)
+        if not sent and alias is not None and not alias[1]:
+            conn.forget_alias(message.topic)  # the client never saw this alias defined
         client.wake()
         return sent
 

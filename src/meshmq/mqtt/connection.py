@@ -412,6 +412,12 @@ class ServerConnection:
         self._aliases_out[topic] = alias
         return alias, False
 
+    def forget_alias(self, topic: str) -> None:
+        """Undo an alias just assigned by ``outgoing_alias`` whose PUBLISH was not sent."""
+        alias = self._aliases_out.get(topic)
+        if alias == len(self._aliases_out):
+            del self._aliases_out[topic]
+
     def statistics(self) -> dict[str, int]:
         return {
             "state": self.state.value,
