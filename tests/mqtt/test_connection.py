@@ -1,0 +1,92 @@
+"""ServerConnection without any I/O: bytes in, events and bytes out."""
+
+from __future__ import annotations
+
+from meshmq.mqtt.codec import decode_frames, encode_packet
+from meshmq.mqtt.connection import CLOSED, CONNECTED, CONNECTING, ServerConnection
+from meshmq.mqtt.packets import Connack, Connect, Disconnect, Puback, Publish
+from meshmq.mqtt.properties import PropertyId
+from meshmq.mqtt.reason_codes import ReasonCode
+
+
+def connected(version: int = 5, **kwargs) -> ServerConnection:
+    conn = ServerConnection(**kwargs)
+    conn.receive_data(encode_packet(Connect("c", version), version))
+    assert conn.state is CONNECTING
+    assert [type(e) for e in conn.events_received()] == [Connect]
+    conn.send_connack(0)
+    assert conn.state is CONNECTED
+    assert decode_frames(conn.data_to_send(), version) == [Connack(False, 0)]
+    return conn
+
+
+def test_connect_then_publish_events_in_order() -> None:
+    conn = connected()
+    frames = encode_packet(Publish("a/b", b"1"), 5) + encode_packet(Publish("a/c", b"2"), 5)
+    conn.receive_data(frames)
+    assert [e.topic for e in conn.events_received()] == ["a/b", "a/c"]
+
+
+def test_claimed_length_above_maximum_is_refused_before_buffering() -> None:
+    conn = connected(max_packet_size=1024)
+    conn.receive_data(b"\x30\xff\xff\xff\x7f")  # claims 256 MB; no body sent
+    assert conn.state is CLOSED
+    assert conn.error is not None and conn.error.reason_code == ReasonCode.PACKET_TOO_LARGE
+    assert decode_frames(conn.data_to_send(), 5) == [Disconnect(ReasonCode.PACKET_TOO_LARGE)]
+    conn.receive_data(b"\x00" * 100)  # later input is discarded
+    assert conn.events_received() == []
+
+
+def test_problem_information_zero_strips_reason_strings_from_acks() -> None:
+    conn = ServerConnection()
+    conn.receive_data(encode_packet(
+        Connect("c", 5, properties={PropertyId.REQUEST_PROBLEM_INFORMATION: 0}), 5))
+    conn.events_received()
+    conn.send_connack(0)
+    conn.data_to_send()
+    conn.send(Puback(1, 0x80, {PropertyId.REASON_STRING: "nope"}))
+    assert decode_frames(conn.data_to_send(), 5) == [Puback(1, 0x80)]  # MQTT-3.1.2-29
+
+
+def test_receive_maximum_exceeded_is_0x93() -> None:
+    conn = connected(receive_maximum=2)
+    burst = b"".join(encode_packet(Publish("t", b"", 1, packet_id=i), 5) for i in (1, 2, 3))
+    conn.receive_data(burst)
+    assert conn.error is not None
+    assert conn.error.reason_code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+
+
+def test_puback_frees_a_receive_maximum_slot() -> None:
+    conn = connected(receive_maximum=1)
+    for packet_id in (1, 2, 3):
+        conn.receive_data(encode_packet(Publish("t", b"", 1, packet_id=packet_id), 5))
+        assert len(conn.events_received()) == 1
+        conn.send_puback(packet_id)
+    assert conn.error is None
+
+
+def test_inbound_topic_alias_is_resolved_and_removed() -> None:
+    conn = connected(topic_alias_maximum=4)
+    conn.receive_data(encode_packet(Publish("a/b", b"1", properties={0x23: 2}), 5))
+    conn.receive_data(encode_packet(Publish("", b"2", properties={0x23: 2}), 5))
+    events = conn.events_received()
+    assert [(e.topic, e.properties) for e in events] == [("a/b", {}), ("a/b", {})]
+
+
+def test_oversize_outgoing_frame_is_not_queued() -> None:
+    conn = ServerConnection()
+    conn.receive_data(encode_packet(
+        Connect("c", 5, properties={PropertyId.MAXIMUM_PACKET_SIZE: 20}), 5))
+    conn.events_received()
+    conn.send_connack(0)
+    conn.data_to_send()
+    assert conn.send(Publish("t", b"x" * 50)) is False
+    assert conn.send(Publish("t", b"x")) is True
+    assert decode_frames(conn.data_to_send(), 5) == [Publish("t", b"x")]
+
+
+def test_v311_protocol_error_closes_without_disconnect_packet() -> None:
+    conn = connected(version=4)
+    conn.receive_data(encode_packet(Publish("a/+", b""), 4))
+    assert conn.state is CLOSED
+    assert conn.data_to_send() == b""
