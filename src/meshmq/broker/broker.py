@@ -281,6 +281,8 @@ class Broker:
             if group is None and (handling == 0 or (handling == 1 and not existed)):
                 retained.append((plain, subscription))  # MQTT-3.3.1-9, -10, -11
         client.conn.send_suback(packet.packet_id, codes)
+        log.debug("subscribed client_id=%s filters=%s codes=%s", session.client_id,
+                  [f for f, _ in packet.subscriptions], codes)
         self._send_retained(session, retained)
 
     def _send_retained(self, session: Session, retained: list[tuple[str, Subscription]]) -> None:
