@@ -18,6 +18,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from rawclient import RawClient
+
 WAIT = 10.0  # seconds any condition may take before a test fails
 
 
@@ -168,6 +170,8 @@ def client_factory() -> Iterator[Callable[..., Client]]:
 
     def factory(client_id: str = "", version: int = 5, **kwargs) -> Client:
         protocol = mqtt.MQTTv5 if version == 5 else mqtt.MQTTv311
+        # No silent reconnects behind a test's back (e.g. after a session takeover).
+        kwargs.setdefault("reconnect_on_failure", False)
         extra = {} if version == 5 else {"clean_session": kwargs.pop("clean_session", True)}
         paho = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol,
                            **extra, **kwargs)
@@ -188,6 +192,21 @@ def client_factory() -> Iterator[Callable[..., Client]]:
         except Exception:
             pass
         client.paho.loop_stop()
+
+
+@pytest.fixture
+def raw_factory() -> Iterator[Callable[..., RawClient]]:
+    """``raw_factory(port, version=5)`` -> a connected-socket ``RawClient``, closed at teardown."""
+    made: list[RawClient] = []
+
+    def factory(port: int, version: int = 5, **kwargs) -> RawClient:
+        raw = RawClient(port, version, **kwargs)
+        made.append(raw)
+        return raw
+
+    yield factory
+    for raw in made:
+        raw.close()
 
 
 def props(packet_type: int = PacketTypes.PUBLISH, **values) -> Properties:

@@ -123,6 +123,13 @@ class Broker:
             if not v5 and not packet.clean_start:
                 return self._reject(client, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "empty id")
             client_id = assigned = f"auto-{uuid.uuid4().hex}"  # MQTT-3.1.3-6
+        keep_alive = packet.keep_alive
+        if keep_alive > cfg.max_keepalive or (keep_alive == 0 and cfg.max_keepalive < 65535):
+            if not v5:  # 3.1.1 cannot be told a smaller value: refuse, as Mosquitto does
+                return self._reject(
+                    client, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "keep alive above maximum"
+                )
+            keep_alive = cfg.max_keepalive  # returned as Server Keep Alive (MQTT-3.2.2-21)
         expiry = self._session_expiry(packet, v5)
         now = self.now()
         existing = self.sessions.get(client_id)
@@ -139,9 +146,6 @@ class Broker:
         session.will = packet.will
         client.session = session
         client.client_id = client_id
-        keep_alive = packet.keep_alive
-        if keep_alive > cfg.max_keepalive or (keep_alive == 0 and cfg.max_keepalive < 65535):
-            keep_alive = cfg.max_keepalive
         conn.outgoing_alias_maximum = cfg.broker_topic_aliases
         props = self._connack_properties(packet, assigned, keep_alive, expiry) if v5 else None
         conn.send_connack(0, session_present, props)

@@ -68,7 +68,7 @@ class Subscription:
 class Outbound:
     """A QoS 1/2 message sent to the client and not yet fully acknowledged."""
 
-    __slots__ = ("group", "message", "qos", "released", "retain", "subscription_ids")
+    __slots__ = ("group", "message", "qos", "released", "retain", "sent", "subscription_ids")
 
     def __init__(
         self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None,
@@ -80,6 +80,7 @@ class Outbound:
         self.retain = retain
         self.subscription_ids = subscription_ids
         self.released = False  # PUBREC received, PUBREL sent, waiting for PUBCOMP
+        self.sent = True  # False while waiting to be resent on a new connection
 
 
 class Session:
@@ -87,6 +88,7 @@ class Session:
 
     __slots__ = (
         "_next_packet_id",
+        "_unsent",
         "client",
         "client_id",
         "dropped",
@@ -117,6 +119,7 @@ class Session:
         self.will_handle: object | None = None
         self.expiry_handle: object | None = None
         self._next_packet_id = 1
+        self._unsent = 0  # inflight PUBLISHes not yet resent on the current connection
 
     # ------------------------------------------------------------------ delivery
 
@@ -193,6 +196,9 @@ class Session:
     def _enqueue(self, entry: QueueEntry) -> None:
         limits = self.limits
         size = entry[0].size
+        if size > limits.max_queued_bytes:
+            self._count_drop("message larger than the whole queue")
+            return
         queue = self.queue
         while queue and (
             len(queue) >= limits.max_queued_messages
@@ -217,10 +223,14 @@ class Session:
     def pump(self, now: float) -> None:
         """Move queued messages into the window while the client can take them."""
         client = self.client
-        queue = self.queue
-        if client is None or not queue:
+        if client is None:
             return
         window = self._window(client)
+        if self._unsent:
+            self._resend(client, window, now)
+            if self._unsent:
+                return
+        queue = self.queue
         while queue and not client.congested:
             message, qos, retain, subscription_ids, group = queue[0]
             if qos and len(self.inflight) >= window:
@@ -268,18 +278,36 @@ class Session:
     # ------------------------------------------------------------------ connection changes
 
     def attach(self, client: ClientLink, now: float) -> None:
-        """Bind a new connection; resend unacknowledged messages (MQTT-4.4.0-1), then pump."""
+        """Bind a new connection; resend unacknowledged messages (MQTT-4.4.0-1), then pump.
+
+        PUBRELs go out at once; unacknowledged PUBLISHes are resent with DUP, in order, as the
+        new connection's Receive Maximum allows (MQTT-4.9.0-2), before anything queued.
+        """
         self.client = client
-        for packet_id, outbound in list(self.inflight.items()):
+        for packet_id, outbound in self.inflight.items():
+            outbound.sent = outbound.released
             if outbound.released:
                 client.conn.send_pubrel(packet_id)
-            elif not self._send(
+        self._unsent = sum(not outbound.sent for outbound in self.inflight.values())
+        client.wake()
+        self.pump(now)
+
+    def _resend(self, client: ClientLink, window: int, now: float) -> None:
+        in_window = len(self.inflight) - self._unsent
+        for packet_id, outbound in list(self.inflight.items()):
+            if in_window >= window or client.congested:
+                return
+            if outbound.sent:
+                continue
+            outbound.sent = True
+            self._unsent -= 1
+            if self._send(
                 client, outbound.message, outbound.qos, outbound.retain,
                 outbound.subscription_ids, packet_id, True, now,
             ):
-                del self.inflight[packet_id]
-        client.wake()
-        self.pump(now)
+                in_window += 1
+            else:
+                del self.inflight[packet_id]  # too large for this client: as if delivered
 
     def detach(self) -> None:
         self.client = None
@@ -295,6 +323,7 @@ class Session:
         ]
         taken += [(entry[4], entry[0], entry[1]) for entry in self.queue if entry[4] is not None]
         self.inflight.clear()
+        self._unsent = 0
         self.queue.clear()
         self.queued_bytes = 0
         return taken  # type: ignore[return-value]

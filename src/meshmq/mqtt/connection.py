@@ -154,6 +154,9 @@ class ServerConnection:
         pos = 0
         end = len(data)
         try:
+            if self.state is AWAIT_CONNECT and data and data[0] != 0x10:
+                # MQTT-3.1.0-1: anything else (HTTP, TLS, noise) is refused at its first byte
+                raise RemoteProtocolError(f"first byte 0x{data[0]:02X} is not CONNECT")
             while pos < end:
                 try:
                     first, start, stop = parse_fixed_header(data, pos, end)
@@ -267,7 +270,7 @@ class ServerConnection:
         if self._qos1_in + len(self._qos2_in) > self.receive_maximum:
             raise RemoteProtocolError(
                 "client exceeded our receive maximum", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
-            )  # MQTT-3.3.4-9
+            )  # MQTT-3.3.4-7
 
     def _resolve_alias(self, packet: Publish, alias: int) -> None:
         if alias > self.topic_alias_maximum:
