@@ -1,3 +1,5 @@
+"""``python -m meshmq``: the same command line as the ``meshmq`` script."""
+
 import sys
 
 from meshmq.cli import main

@@ -1,74 +1,109 @@
-"""Command line: ``meshmq serve | pub | sub | config``."""
+"""Command line: ``meshmq serve | pub | sub | config``.
+
+Exit status 2 means bad usage or bad configuration (one line on stderr); ``serve`` otherwise
+returns what the broker returns.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from meshmq.config import ConfigError, config_reference, load_config
+from meshmq import __version__
+from meshmq.clients import add_client_commands
+from meshmq.config import ConfigError, allowed_values, config_reference, load_config
+
+# serve flag (argparse dest) -> configuration key it overrides
+SERVE_OVERRIDES = {
+    "bind": "server.bind",
+    "port": "server.port",
+    "data_dir": "server.data_dir",
+    "log_level": "server.log_level",
+    "log_format": "server.log_format",
+    "port_file": "server.port_file",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return 2
     return int(args.run(args) or 0)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshmq", description="meshmq MQTT broker")
-    commands = parser.add_subparsers(dest="command")
+    parser.add_argument("--version", action="version", version=f"meshmq {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="run a broker node")
+    serve = commands.add_parser(
+        "serve", help="run a broker node",
+        description="Run a broker node until SIGTERM or SIGINT. Flags override the file.")
     serve.add_argument("--config", metavar="PATH", help="TOML configuration file")
     serve.add_argument("--bind", metavar="HOST", help="listen address (server.bind)")
-    serve.add_argument("--port", metavar="N", help="MQTT TCP port (server.port)")
+    serve.add_argument("--port", metavar="N", help="MQTT TCP port, 0 = any free (server.port)")
     serve.add_argument("--data-dir", metavar="DIR", help="data directory (server.data_dir)")
-    serve.add_argument("--log-level", metavar="LEVEL", help="debug|info|warning|error")
-    serve.add_argument("--port-file", metavar="PATH", help="write the bound port here")
+    serve.add_argument("--log-level", metavar="LEVEL",
+                       help="debug|info|warning|error (server.log_level)")
+    serve.add_argument("--log-format", metavar="FORMAT", help="text|json (server.log_format)")
+    serve.add_argument("--port-file", metavar="PATH",
+                       help="write the bound port to PATH once listening (server.port_file)")
     serve.set_defaults(run=_serve)
-
-    from meshmq.clients import add_client_commands
 
     add_client_commands(commands)
 
-    config = commands.add_parser("config", help="list every configuration key and default")
+    config = commands.add_parser(
+        "config", help="print every configuration key with its default",
+        description="Print every configuration key with its default and meaning, as TOML.")
     config.set_defaults(run=_print_config)
     return parser
 
 
 def _serve(args: argparse.Namespace) -> int:
-    overrides = {
-        key: value
-        for key, value in (
-            ("server.bind", args.bind), ("server.port", args.port),
-            ("server.data_dir", args.data_dir), ("server.log_level", args.log_level),
-            ("server.port_file", args.port_file),
-        )
-        if value is not None
+    overrides: dict[str, object] = {
+        key: getattr(args, dest)
+        for dest, key in SERVE_OVERRIDES.items()
+        if getattr(args, dest) is not None
     }
     try:
         config = load_config(args.config, overrides)
     except ConfigError as exc:
         print(f"meshmq: error: {exc}", file=sys.stderr)
         return 2
-    from meshmq.broker.server import run_server
+
+    from meshmq.broker.server import run_server  # imported late: only serve needs the broker
     from meshmq.logsetup import configure_logging
 
     configure_logging(config.server.log_level, config.server.log_format)
     return run_server(config)
 
 
-def _print_config(args: argparse.Namespace) -> int:
+def toml_value(value: object) -> str:
+    """``value`` written as a TOML literal (bool, int, float or str)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    return repr(value)
+
+
+def render_config_reference() -> str:
+    """Every key as a TOML document of the defaults, each key under its description."""
+    lines = ["# meshmq configuration: every key, set to its default (`meshmq config`)."]
     section = ""
     for key, default, description in config_reference():
         table, name = key.split(".", 1)
         if table != section:
-            print(f"{'' if not section else chr(10)}[{table}]")
+            lines += ["", f"[{table}]"]
             section = table
-        value = str(default).lower() if isinstance(default, bool) else default
-        value = f'"{value}"' if isinstance(default, str) else value
-        print(f"# {description}\n{name} = {value}")
+        lines.append(f"# {description} [{allowed_values(key)}]")
+        lines.append(f"{name} = {toml_value(default)}")
+    return "\n".join(lines) + "\n"
+
+
+def _print_config(args: argparse.Namespace) -> int:
+    sys.stdout.write(render_config_reference())
     return 0

@@ -1,20 +1,27 @@
-"""Broker configuration: TOML file plus command-line overrides, validated key by key.
+"""Broker configuration: TOML file plus dotted-key overrides, validated key by key.
 
 Every key, its type, its allowed values and its description live in one table (``_KEYS``); the
 dataclasses hold the defaults. A bad value is a ``ConfigError`` whose message is one line that
-names the key, so ``meshmq serve`` can print it and exit with status 2.
+names the key, e.g. ``mqtt.max_qos: must be an integer between 0 and 2, got 3``, so
+``meshmq serve`` can print it and exit with status 2.
+
+Values from the TOML file must have the right TOML type (``port = "1883"`` is an error, and a
+boolean is never an integer). Overrides are checked the same way, except that a *string* given
+for a non-string key is parsed as command-line text (``"1884"``, ``"0.5"``, ``"true"``), since
+that is what flags such as ``--port`` produce.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 
 class ConfigError(Exception):
-    """A configuration file or value is invalid; the message names the key."""
+    """A configuration file or value is invalid; the message is one line naming the key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,107 +67,200 @@ class BrokerConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
 
 
-# dotted key -> (type, (min, max) or choices or None, description)
-_KEYS: dict[str, tuple[type, Any, str]] = {
-    "server.bind": (str, None, "address to listen on for MQTT over TCP"),
-    "server.port": (int, (0, 65535), "MQTT TCP port (0 picks a free port)"),
-    "server.data_dir": (str, None, "directory for the broker's data"),
-    "server.log_level": (str, ("debug", "info", "warning", "error"), "log verbosity"),
-    "server.log_format": (str, ("text", "json"), "log line format"),
-    "server.port_file": (str, None, "if set, write the bound port to this file once listening"),
-    "mqtt.max_packet_size": (int, (16, 268_435_460),
-                             "largest packet accepted, in bytes (advertised in CONNACK)"),
-    "mqtt.receive_maximum": (int, (1, 65535),
-                             "unacknowledged QoS 1/2 publishes a client may send us at once"),
-    "mqtt.max_keepalive": (int, (1, 65535),
-                           "largest keep alive granted, seconds; larger or 0 is reduced to it"),
-    "mqtt.max_qos": (int, (0, 2), "highest QoS the broker accepts and grants"),
-    "mqtt.retain_available": (bool, None, "accept retained messages"),
-    "mqtt.wildcard_subscriptions": (bool, None, "allow '+' and '#' in subscriptions"),
-    "mqtt.shared_subscriptions": (bool, None, "allow $share/{group}/{filter} subscriptions"),
-    "mqtt.subscription_identifiers": (bool, None, "support MQTT 5 subscription identifiers"),
-    "mqtt.topic_alias_maximum": (int, (0, 65535), "topic aliases a client may use towards us"),
-    "mqtt.broker_topic_aliases": (int, (0, 65535),
-                                  "topic aliases the broker assigns, 0 = off"),
-    "mqtt.max_topic_levels": (int, (1, 65535), "most levels in a topic name or filter"),
-    "mqtt.connect_timeout": (float, (0.001, 3600.0), "seconds to wait for CONNECT after accept"),
-    "session.max_session_expiry": (int, (0, 4_294_967_295),
-                                   "cap on a session's expiry interval, seconds"),
-    "session.max_inflight_messages": (int, (1, 65535),
-                                      "cap on unacknowledged QoS 1/2 messages sent to a client"),
-    "session.max_queued_messages": (int, (1, 2**31 - 1),
-                                    "messages a session may hold waiting (offline or window full)"),
-    "session.max_queued_bytes": (int, (1, 2**40), "payload bytes a session may hold waiting"),
-    "session.queue_qos0": (bool, None, "queue QoS 0 messages for offline persistent sessions"),
-    "session.queue_drop_policy": (str, ("drop_oldest", "drop_newest"),
-                                  "what to drop when a session queue is full (counted, logged)"),
+_SECTIONS = {"server": ServerConfig, "mqtt": MQTTConfig, "session": SessionConfig}
+
+
+class _Key(NamedTuple):
+    kind: type  # str, int, float or bool
+    # numbers: (low, high), high None = unbounded, low exclusive for floats and inclusive for
+    # ints; str: the accepted strings; None: anything of the right type
+    allowed: tuple[Any, ...] | None
+    description: str
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+# The one table: dotted key -> type, allowed values, description. Its order is the docs' order.
+_KEYS: dict[str, _Key] = {
+    "server.bind": _Key(str, None, "address to listen on for MQTT over TCP"),
+    "server.port": _Key(int, (0, 65535), "MQTT TCP port; 0 picks a free port"),
+    "server.data_dir": _Key(str, None, "directory for the broker's data (created if missing)"),
+    "server.log_level": _Key(str, _LOG_LEVELS, "log verbosity"),
+    "server.log_format": _Key(str, ("text", "json"), "log line format on stderr"),
+    "server.port_file": _Key(
+        str, None, "if set, the bound port is written to this file once listening"),
+    "mqtt.max_packet_size": _Key(
+        int, (1, 268_435_455), "largest packet accepted, in bytes (advertised in CONNACK)"),
+    "mqtt.receive_maximum": _Key(
+        int, (1, 65535), "unacknowledged QoS 1/2 publishes a client may send us at once"),
+    "mqtt.max_keepalive": _Key(
+        int, (1, 65535),
+        "largest keep alive granted, seconds: 5.0 clients asking more (or 0) get it as"
+        " Server Keep Alive, 3.1.1 clients are refused (return code 2)"),
+    "mqtt.max_qos": _Key(int, (0, 2), "highest QoS the broker accepts and grants"),
+    "mqtt.retain_available": _Key(bool, None, "accept retained messages"),
+    "mqtt.wildcard_subscriptions": _Key(bool, None, "allow '+' and '#' in subscriptions"),
+    "mqtt.shared_subscriptions": _Key(bool, None, "allow $share/{group}/{filter} subscriptions"),
+    "mqtt.subscription_identifiers": _Key(bool, None, "support MQTT 5 subscription identifiers"),
+    "mqtt.topic_alias_maximum": _Key(
+        int, (0, 65535), "topic aliases a client may use towards the broker"),
+    "mqtt.broker_topic_aliases": _Key(
+        int, (0, 65535), "topic aliases the broker assigns on outgoing publishes; 0 = off"),
+    "mqtt.max_topic_levels": _Key(
+        int, (1, 65535), "most levels in a topic name or filter"),
+    "mqtt.connect_timeout": _Key(
+        float, (0.0, None), "seconds to wait for CONNECT after a TCP accept"),
+    "session.max_session_expiry": _Key(
+        int, (0, 4_294_967_295), "cap on a session's expiry interval, seconds"),
+    "session.max_inflight_messages": _Key(
+        int, (1, 65535), "cap on unacknowledged QoS 1/2 messages sent to a client"),
+    "session.max_queued_messages": _Key(
+        int, (1, None), "messages a session may hold waiting (offline or window full)"),
+    "session.max_queued_bytes": _Key(
+        int, (1, None), "payload bytes a session may hold waiting"),
+    "session.queue_qos0": _Key(bool, None, "queue QoS 0 messages for offline persistent sessions"),
+    "session.queue_drop_policy": _Key(
+        str, ("drop_oldest", "drop_newest"), "what to drop when a session queue is full"),
 }
 
+_TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
-def _check(key: str, value: Any) -> Any:
-    kind, limits, _ = _KEYS[key]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+
+def _requirement(spec: _Key) -> str:
+    """The rule for one key as words: 'an integer between 1 and 65535', 'one of a|b'."""
+    if spec.kind is str and spec.allowed:
+        return "one of " + "|".join(spec.allowed)
+    words = _TYPE_WORDS[spec.kind]
+    if spec.allowed is None:
+        return words
+    low, high = spec.allowed
+    if spec.kind is float and high is None:  # floats: the low bound is exclusive
+        return f"{words} greater than {low:g}"
+    if high is None:
+        return f"{words} of at least {low}"
+    return f"{words} between {low} and {high}"
+
+
+def allowed_values(key: str) -> str:
+    """What ``key`` accepts, in words (for documentation); KeyError for an unknown key."""
+    return _requirement(_KEYS[key])
+
+
+def _from_text(kind: type, text: str) -> Any:
+    """Parse command-line text for a non-string key; return ``text`` unchanged if it can't be."""
+    stripped = text.strip()
+    try:
+        if kind is int:
+            return int(stripped, 10)
+        if kind is float:
+            return float(stripped)
+    except ValueError:
+        return text
+    if kind is bool and stripped.lower() in ("true", "false"):
+        return stripped.lower() == "true"
+    return text
+
+
+def _check(key: str, value: Any, from_text: bool = False) -> Any:
+    spec = _KEYS[key]
+    given = value
+    if from_text and spec.kind is not str and isinstance(value, str):
+        value = _from_text(spec.kind, value)
+    if spec.kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if kind is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)  # command-line strings
-    if kind is float and isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
-        value = value.lower() == "true"
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
-    if isinstance(limits, tuple) and limits and isinstance(limits[0], str):
-        if value not in limits:
-            raise ConfigError(f"{key}: must be one of {', '.join(limits)}; got {value!r}")
-    elif limits is not None and not limits[0] <= value <= limits[1]:
-        raise ConfigError(f"{key}: must be between {limits[0]} and {limits[1]}; got {value!r}")
+    ok = isinstance(value, spec.kind) and (spec.kind is bool or not isinstance(value, bool))
+    if ok and spec.allowed is not None:
+        if spec.kind is str:
+            ok = value in spec.allowed
+        elif spec.kind is float:
+            low, high = spec.allowed
+            ok = math.isfinite(value) and value > low and (high is None or value <= high)
+        else:
+            low, high = spec.allowed
+            ok = low <= value and (high is None or value <= high)
+    if not ok:
+        raise ConfigError(f"{key}: must be {_requirement(spec)}, got {_show(given)}")
     return value
+
+
+def _show(value: Any) -> str:
+    """A short one-line rendering of a bad value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    name = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read config file: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{name}: invalid TOML: {_one_line(str(exc))}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: invalid TOML: the file is not UTF-8 text") from None
 
 
 def load_config(
     path: str | os.PathLike[str] | None = None, overrides: dict[str, object] | None = None
 ) -> BrokerConfig:
-    """Read ``path`` (TOML; optional) and apply dotted-key ``overrides``; validate all."""
+    """Read ``path`` (TOML, optional), then apply dotted-key ``overrides``; validate everything.
+
+    Raises ``ConfigError`` (one line, naming the key or the file) on any problem.
+    """
     values: dict[str, Any] = {}
     if path is not None:
-        try:
-            with open(path, "rb") as handle:
-                document = tomllib.load(handle)
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-        for section, table in document.items():
-            if section not in ("server", "mqtt", "session"):
-                raise ConfigError(f"unknown section {section!r}")
+        for section, table in _read_file(path).items():
+            if section not in _SECTIONS:
+                what = "table" if isinstance(table, dict) else "key"
+                raise ConfigError(f"unknown {what} {section!r}")
             if not isinstance(table, dict):
-                raise ConfigError(f"{section}: expected a table")
+                raise ConfigError(f"{section}: must be a table, got {_show(table)}")
             for name, value in table.items():
-                values[f"{section}.{name}"] = value
-    values.update(overrides or {})
-    sections: dict[str, dict[str, Any]] = {"server": {}, "mqtt": {}, "session": {}}
-    for key, value in values.items():
+                key = f"{section}.{name}"
+                if key not in _KEYS:
+                    raise ConfigError(f"unknown key {key!r}")
+                values[key] = _check(key, value)
+    for key, value in (overrides or {}).items():
         if key not in _KEYS:
             raise ConfigError(f"unknown key {key!r}")
+        values[key] = _check(key, value, from_text=True)
+
+    sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    for key, value in values.items():
         section, name = key.split(".", 1)
-        sections[section][name] = _check(key, value)
-    config = BrokerConfig()
-    return replace(
-        config,
-        server=replace(config.server, **sections["server"]),
-        mqtt=replace(config.mqtt, **sections["mqtt"]),
-        session=replace(config.session, **sections["session"]),
-    )
+        sections[section][name] = value
+    return BrokerConfig(**{name: cls(**sections[name]) for name, cls in _SECTIONS.items()})
 
 
 def config_reference() -> list[tuple[str, object, str]]:
-    """(dotted key, default, description) for every key, in documentation order."""
+    """``(dotted key, default, description)`` for every key, in documentation order."""
     defaults = BrokerConfig()
-    rows = []
-    for key, (_, _, description) in _KEYS.items():
+    rows: list[tuple[str, object, str]] = []
+    for key, spec in _KEYS.items():
         section, name = key.split(".", 1)
-        rows.append((key, getattr(getattr(defaults, section), name), description))
+        rows.append((key, getattr(getattr(defaults, section), name), spec.description))
     return rows
+
+
+__all__ = [
+    "BrokerConfig",
+    "ConfigError",
+    "MQTTConfig",
+    "ServerConfig",
+    "SessionConfig",
+    "allowed_values",
+    "config_reference",
+    "load_config",
+]

@@ -1,0 +1,227 @@
+"""The command line: exit statuses, one-line errors, the config listing, client option parsing.
+
+pub/sub against a running broker are tested with the broker (tests/broker/).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshmq import __version__
+from meshmq.cli import build_parser, main, render_config_reference
+from meshmq.config import BrokerConfig, config_reference, load_config
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshmq", *args], capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A local port that refuses connections: bound for the test's duration, never listening."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------- serve
+
+
+def test_serve_with_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[server]\nport = 1883\n[mqtt]\nmax_qos = 7\n")
+    result = run_cli("serve", "--config", str(path))
+    assert result.returncode == 2
+    assert one_error_line(result) == (
+        "meshmq: error: mqtt.max_qos: must be an integer between 0 and 2, got 7")
+    assert result.stdout == ""
+
+
+def test_serve_with_unknown_key_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[session]\nmax_queue = 5\n")
+    result = run_cli("serve", "--config", str(path))
+    assert result.returncode == 2
+    assert one_error_line(result) == "meshmq: error: unknown key 'session.max_queue'"
+
+
+def test_serve_with_bad_toml_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[server]\nport = \n")
+    result = run_cli("serve", "--config", str(path))
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(f"meshmq: error: {path}: invalid TOML: ")
+
+
+def test_serve_with_missing_config_file_exits_2(tmp_path: Path) -> None:
+    result = run_cli("serve", "--config", str(tmp_path / "absent.toml"))
+    assert result.returncode == 2
+    assert "absent.toml: cannot read config file" in one_error_line(result)
+
+
+@pytest.mark.parametrize(
+    ("flags", "key"),
+    [
+        (["--port", "notanumber"], "server.port"),
+        (["--port", "65536"], "server.port"),
+        (["--log-level", "loud"], "server.log_level"),
+        (["--log-format", "xml"], "server.log_format"),
+    ],
+)
+def test_serve_with_bad_flag_exits_2(flags: list[str], key: str) -> None:
+    result = run_cli("serve", *flags)
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(f"meshmq: error: {key}: must be ")
+
+
+def test_flags_are_checked_after_the_file(tmp_path: Path) -> None:
+    """A valid file does not hide a bad flag, and the flag is the one named."""
+    path = tmp_path / "ok.toml"
+    path.write_text("[server]\nport = 1999\n")
+    result = run_cli("serve", "--config", str(path), "--port", "-1")
+    assert result.returncode == 2
+    assert "server.port" in one_error_line(result)
+
+
+def test_serve_rejects_unknown_flags_with_status_2() -> None:
+    result = run_cli("serve", "--cluster")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --cluster" in result.stderr
+
+
+def test_serve_flags_map_to_config_keys() -> None:
+    from meshmq.cli import SERVE_OVERRIDES
+
+    args = build_parser().parse_args([
+        "serve", "--bind", "127.0.0.1", "--port", "0", "--data-dir", "d", "--log-level", "debug",
+        "--log-format", "json", "--port-file", "p"])
+    overrides = {key: getattr(args, dest) for dest, key in SERVE_OVERRIDES.items()}
+    config = load_config(overrides=overrides)
+    assert config.server == type(config.server)("127.0.0.1", 0, "d", "debug", "json", "p")
+
+
+# ---------------------------------------------------------------------------- other commands
+
+
+def test_no_command_prints_usage_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "usage: meshmq" in capsys.readouterr().err
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"meshmq {__version__}"
+
+
+def test_config_command_prints_every_key_as_toml() -> None:
+    result = run_cli("config")
+    assert result.returncode == 0
+    assert result.stdout == render_config_reference()
+    document = tomllib.loads(result.stdout)
+    for key, default, description in config_reference():
+        section, name = key.split(".")
+        assert document[section][name] == default
+        assert f"# {description} [" in result.stdout
+
+
+def test_config_listing_loads_back_to_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "all.toml"
+    path.write_text(render_config_reference())
+    assert load_config(path) == BrokerConfig()
+
+
+# ---------------------------------------------------------------------------- pub / sub options
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(list(argv))
+
+
+def test_pub_options() -> None:
+    args = parse("pub", "-t", "a/b", "-m", "hi")
+    assert (args.host, args.port, args.qos, args.mqtt_version, args.repeat) == (
+        "127.0.0.1", 1883, 0, "5", 1)
+    args = parse("pub", "-h", "broker", "-p", "1884", "-q", "2", "-r", "-V", "311", "-u", "me",
+                 "-P", "pw", "-i", "cid", "--repeat", "3", "-t", "x", "-n")
+    assert (args.host, args.port, args.qos, args.retain, args.mqtt_version) == (
+        "broker", 1884, 2, True, "311")
+    assert (args.username, args.password, args.client_id, args.repeat) == ("me", "pw", "cid", 3)
+    assert args.null_message and args.message is None
+    assert parse("pub", "-H", "other", "-t", "x", "-f", "payload.bin").host == "other"
+    assert parse("pub", "--host", "third", "-t", "x", "-n").host == "third"
+
+
+def test_sub_options() -> None:
+    args = parse("sub", "-t", "a/#", "-t", "b/+", "-C", "5", "-v", "-c", "-i", "me", "-x", "60")
+    assert args.topic == ["a/#", "b/+"]
+    assert (args.count, args.verbose, args.persistent, args.session_expiry) == (5, True, True, 60)
+    args = parse("sub", "-t", "x")
+    assert (args.count, args.verbose, args.persistent, args.session_expiry) == (0, False, False,
+                                                                               None)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pub", "-t", "x"],  # no payload option
+        ["pub", "-m", "x"],  # no topic
+        ["pub", "-t", "x", "-m", "a", "-n"],  # two payload options
+        ["pub", "-t", "x", "-m", "a", "-q", "3"],
+        ["pub", "-t", "x", "-m", "a", "-V", "4"],
+        ["pub", "-t", "x", "-m", "a", "-p", "70000"],
+        ["pub", "-t", "x", "-m", "a", "--repeat", "0"],
+        ["pub", "-t", "x", "-m", "a", "-P", "secret"],  # password without user name
+        ["sub"],
+        ["sub", "-t", "x", "-C", "0"],
+        ["sub", "-t", "x", "-c"],  # persistent session needs a client id
+        ["sub", "-t", "x", "-x", "60", "-V", "311"],  # session expiry is 5.0 only
+        ["sub", "-t", "x", "-x", "-1"],
+    ],
+)
+def test_client_usage_errors_exit_2(argv: list[str]) -> None:
+    result = run_cli(*argv)
+    assert result.returncode == 2, result.stderr
+    assert "usage: meshmq" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["pub", "sub"])
+def test_client_help(command: str) -> None:
+    result = run_cli(command, "--help")
+    assert result.returncode == 0
+    assert "-H HOST, -h HOST, --host HOST" in result.stdout
+
+
+def test_pub_without_a_broker_exits_1_with_one_line(closed_port: int) -> None:
+    port = closed_port
+    result = run_cli("pub", "-p", str(port), "-t", "a", "-m", "x", timeout=30)
+    assert result.returncode == 1
+    assert one_error_line(result).startswith(f"meshmq pub: cannot connect to 127.0.0.1:{port}: ")
+
+
+def test_sub_without_a_broker_exits_1_with_one_line(closed_port: int) -> None:
+    port = closed_port
+    result = run_cli("sub", "-p", str(port), "-t", "a", timeout=30)
+    assert result.returncode == 1
+    assert one_error_line(result).startswith(f"meshmq sub: cannot connect to 127.0.0.1:{port}: ")
+
+
+def test_pub_with_unreadable_file_exits_1(tmp_path: Path) -> None:
+    result = run_cli("pub", "-t", "a", "-f", str(tmp_path / "absent.bin"))
+    assert result.returncode == 1
+    assert one_error_line(result) == (
+        f"meshmq pub: cannot read {tmp_path / 'absent.bin'}: No such file or directory")

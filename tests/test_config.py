@@ -1,0 +1,347 @@
+"""Configuration loading: defaults, TOML file, overrides, one-line errors naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshmq.cli import render_config_reference, toml_value
+from meshmq.config import (
+    _KEYS,
+    BrokerConfig,
+    ConfigError,
+    MQTTConfig,
+    ServerConfig,
+    SessionConfig,
+    allowed_values,
+    config_reference,
+    load_config,
+)
+
+DOCS = Path(__file__).parents[1] / "docs"
+
+
+def write(tmp_path: Path, text: str | bytes, name: str = "meshmq.toml") -> Path:
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def error_for(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------------------- defaults
+
+
+def test_defaults_are_the_embedded_single_node() -> None:
+    config = load_config()
+    assert config == BrokerConfig()
+    assert config.server == ServerConfig("0.0.0.0", 1883, "./data", "info", "text", "")
+    assert config.mqtt.max_packet_size == 1_048_576
+    assert config.mqtt.receive_maximum == 1024
+    assert config.mqtt.connect_timeout == 10.0
+    assert config.session.max_session_expiry == 4_294_967_295
+    assert config.session.queue_drop_policy == "drop_oldest"
+    assert config.session.queue_qos0 is False
+
+
+def test_an_empty_file_gives_the_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "")) == BrokerConfig()
+    assert load_config(write(tmp_path, "[server]\n[mqtt]\n[session]\n")) == BrokerConfig()
+
+
+def test_configs_are_frozen() -> None:
+    config = load_config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.server.port = 1  # type: ignore[misc]
+
+
+def test_the_key_table_covers_every_field_once() -> None:
+    fields = [
+        f"{section}.{f.name}"
+        for section, cls in (("server", ServerConfig), ("mqtt", MQTTConfig),
+                             ("session", SessionConfig))
+        for f in dataclasses.fields(cls)
+    ]
+    assert [key for key, _, _ in config_reference()] == fields
+    for key, default, description in config_reference():
+        section, name = key.split(".")
+        assert default == getattr(getattr(BrokerConfig(), section), name)
+        assert description and "\n" not in description
+        # every default passes its own validation
+        assert load_config(overrides={key: default}) == BrokerConfig()
+
+
+# ---------------------------------------------------------------------------- file and overrides
+
+
+def test_file_values_are_applied(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+[server]
+bind = "127.0.0.1"
+port = 1999
+data_dir = "/var/lib/meshmq"
+log_level = "debug"
+log_format = "json"
+
+[mqtt]
+max_qos = 1
+retain_available = false
+connect_timeout = 3          # an integer is fine for a number
+max_packet_size = 268435455
+
+[session]
+queue_qos0 = true
+queue_drop_policy = "drop_newest"
+max_queued_bytes = 1
+""")
+    config = load_config(path)
+    assert config.server == ServerConfig("127.0.0.1", 1999, "/var/lib/meshmq", "debug", "json", "")
+    assert (config.mqtt.max_qos, config.mqtt.retain_available) == (1, False)
+    assert config.mqtt.connect_timeout == 3.0 and isinstance(config.mqtt.connect_timeout, float)
+    assert config.mqtt.max_packet_size == 268_435_455
+    assert config.mqtt.receive_maximum == 1024  # untouched keys keep their defaults
+    assert config.session.queue_qos0 is True
+    assert config.session.queue_drop_policy == "drop_newest"
+    assert config.session.max_queued_bytes == 1
+
+
+def test_overrides_apply_after_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nport = 1999\nbind = '10.0.0.1'\n[mqtt]\nmax_qos = 1\n")
+    config = load_config(path, {"server.port": 2000, "mqtt.connect_timeout": 0.25})
+    assert config.server.port == 2000
+    assert config.server.bind == "10.0.0.1"
+    assert config.mqtt.max_qos == 1
+    assert config.mqtt.connect_timeout == 0.25
+
+
+def test_overrides_without_a_file() -> None:
+    config = load_config(overrides={"server.port": 0, "session.queue_qos0": True})
+    assert config.server.port == 0
+    assert config.session.queue_qos0 is True
+
+
+def test_string_overrides_are_parsed_like_command_line_text() -> None:
+    config = load_config(overrides={
+        "server.port": "2000", "mqtt.connect_timeout": "0.5", "mqtt.retain_available": "False",
+        "session.queue_qos0": "true", "server.bind": "::1",
+    })
+    assert config.server.port == 2000
+    assert config.mqtt.connect_timeout == 0.5
+    assert config.mqtt.retain_available is False
+    assert config.session.queue_qos0 is True
+    assert config.server.bind == "::1"
+
+
+def test_string_values_in_the_file_are_not_parsed(tmp_path: Path) -> None:
+    message = error_for(tmp_path, '[server]\nport = "1883"\n')
+    assert message == "server.port: must be an integer between 0 and 65535, got '1883'"
+
+
+def test_error_message_format() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides={"mqtt.max_packet_size": "abc"})
+    assert str(info.value) == (
+        "mqtt.max_packet_size: must be an integer between 1 and 268435455, got 'abc'")
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[mqtt]\nfoo = 1\n", "unknown key 'mqtt.foo'"),
+        ("[server]\nport = 1883\nhost = 'x'\n", "unknown key 'server.host'"),
+        ("[mqtt.limits]\nx = 1\n", "unknown key 'mqtt.limits'"),
+        ("[cluster]\nx = 1\n", "unknown table 'cluster'"),
+        ("port = 1883\n", "unknown key 'port'"),
+        ("server = 1\n", "server: must be a table, got 1"),
+    ],
+)
+def test_unknown_keys_and_tables_are_named(tmp_path: Path, text: str, message: str) -> None:
+    assert error_for(tmp_path, text) == message
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "rule"),
+    [
+        ("[mqtt]\nmax_qos = true\n", "mqtt.max_qos", "an integer"),  # bool is not an int
+        ("[mqtt]\nmax_qos = 1.0\n", "mqtt.max_qos", "an integer"),
+        ('[mqtt]\nretain_available = "yes"\n', "mqtt.retain_available", "true or false"),
+        ("[mqtt]\nretain_available = 1\n", "mqtt.retain_available", "true or false"),
+        ('[mqtt]\nconnect_timeout = "1"\n', "mqtt.connect_timeout", "a number"),
+        ("[mqtt]\nconnect_timeout = false\n", "mqtt.connect_timeout", "a number"),
+        ("[server]\nbind = 5\n", "server.bind", "a string"),
+        ("[server]\ndata_dir = ['a']\n", "server.data_dir", "a string"),
+        ("[server]\nport = { a = 1 }\n", "server.port", "an integer"),
+        ("[session]\nqueue_qos0 = 0\n", "session.queue_qos0", "true or false"),
+    ],
+)
+def test_wrong_types_name_the_key(tmp_path: Path, text: str, key: str, rule: str) -> None:
+    message = error_for(tmp_path, text)
+    assert message.startswith(f"{key}: must be {rule}")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[server]\nport = 70000\n",
+         "server.port: must be an integer between 0 and 65535, got 70000"),
+        ("[server]\nport = -1\n", "server.port: must be an integer between 0 and 65535, got -1"),
+        ("[mqtt]\nmax_qos = 3\n", "mqtt.max_qos: must be an integer between 0 and 2, got 3"),
+        ("[mqtt]\nreceive_maximum = 0\n",
+         "mqtt.receive_maximum: must be an integer between 1 and 65535, got 0"),
+        ("[mqtt]\nmax_keepalive = 65536\n",
+         "mqtt.max_keepalive: must be an integer between 1 and 65535, got 65536"),
+        ("[mqtt]\nmax_packet_size = 268435456\n",
+         "mqtt.max_packet_size: must be an integer between 1 and 268435455, got 268435456"),
+        ("[mqtt]\nconnect_timeout = 0\n",
+         "mqtt.connect_timeout: must be a number greater than 0, got 0"),
+        ("[mqtt]\nconnect_timeout = -0.5\n",
+         "mqtt.connect_timeout: must be a number greater than 0, got -0.5"),
+        ("[mqtt]\nconnect_timeout = inf\n",
+         "mqtt.connect_timeout: must be a number greater than 0, got inf"),
+        ("[mqtt]\nconnect_timeout = nan\n",
+         "mqtt.connect_timeout: must be a number greater than 0, got nan"),
+        ("[session]\nmax_session_expiry = 4294967296\n",
+         "session.max_session_expiry: must be an integer between 0 and 4294967295, "
+         "got 4294967296"),
+        ("[session]\nmax_queued_messages = 0\n",
+         "session.max_queued_messages: must be an integer of at least 1, got 0"),
+        ('[session]\nqueue_drop_policy = "random"\n',
+         "session.queue_drop_policy: must be one of drop_oldest|drop_newest, got 'random'"),
+        ('[server]\nlog_level = "INFO"\n',
+         "server.log_level: must be one of debug|info|warning|error, got 'INFO'"),
+        ('[server]\nlog_format = "xml"\n',
+         "server.log_format: must be one of text|json, got 'xml'"),
+    ],
+)
+def test_out_of_range_values_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    assert error_for(tmp_path, text) == message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("server.port", 0), ("server.port", 65535), ("mqtt.max_packet_size", 1),
+     ("mqtt.max_qos", 0), ("mqtt.topic_alias_maximum", 0), ("mqtt.broker_topic_aliases", 65535),
+     ("mqtt.connect_timeout", 0.001), ("session.max_session_expiry", 0),
+     ("session.max_queued_messages", 10**9)],
+)
+def test_bounds_are_inclusive(key: str, value: object) -> None:
+    section, name = key.split(".")
+    assert getattr(getattr(load_config(overrides={key: value}), section), name) == value
+
+
+_INT_KEYS = sorted(key for key, spec in _KEYS.items() if spec.kind is int)
+
+
+@given(key=st.sampled_from(_INT_KEYS), value=st.integers(-(2**33), 2**33))
+def test_integers_are_accepted_exactly_within_range(key: str, value: int) -> None:
+    low, high = _KEYS[key].allowed  # type: ignore[misc]
+    inside = low <= value and (high is None or value <= high)
+    try:
+        load_config(overrides={key: value})
+    except ConfigError as exc:
+        assert not inside
+        assert str(exc).startswith(f"{key}: ") and str(value) in str(exc)
+    else:
+        assert inside
+
+
+def test_bad_toml_names_the_file_and_keeps_tomllibs_message(tmp_path: Path) -> None:
+    text = "[server\nport = 1\n"
+    with pytest.raises(tomllib.TOMLDecodeError) as parse:
+        tomllib.loads(text)
+    message = error_for(tmp_path, text)
+    path = str(tmp_path / "meshmq.toml")
+    assert message == f"{path}: invalid TOML: {parse.value}"
+
+
+def test_duplicate_keys_are_a_toml_error(tmp_path: Path) -> None:
+    message = error_for(tmp_path, "[server]\nport = 1\nport = 2\n")
+    assert "meshmq.toml: invalid TOML:" in message
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "absent.toml")
+    assert str(info.value) == (
+        f"{tmp_path / 'absent.toml'}: cannot read config file: No such file or directory")
+
+
+def test_directory_and_binary_files_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match="invalid TOML: the file is not UTF-8"):
+        load_config(write(tmp_path, b"[server]\nbind = '\xff'\n"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"server.foo": 1}, "unknown key 'server.foo'"),
+        ({"port": 1}, "unknown key 'port'"),
+        ({"server.port": "notanumber"},
+         "server.port: must be an integer between 0 and 65535, got 'notanumber'"),
+        ({"server.port": "1e3"}, "server.port: must be an integer between 0 and 65535, got '1e3'"),
+        ({"server.port": True}, "server.port: must be an integer between 0 and 65535, got true"),
+        ({"server.port": None}, "server.port: must be an integer between 0 and 65535, got None"),
+        ({"mqtt.retain_available": "yes"},
+         "mqtt.retain_available: must be true or false, got 'yes'"),
+        ({"server.log_level": "loud"},
+         "server.log_level: must be one of debug|info|warning|error, got 'loud'"),
+    ],
+)
+def test_bad_overrides_name_the_key(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    assert str(info.value) == message
+
+
+def test_an_override_does_not_excuse_a_bad_file_value(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^mqtt\.max_qos: "):
+        load_config(write(tmp_path, "[mqtt]\nmax_qos = 9\n"), {"mqtt.max_qos": 1})
+
+
+# ---------------------------------------------------------------------------- documentation
+
+
+def test_configuration_md_lists_every_key_as_the_code_does() -> None:
+    docs = (DOCS / "configuration.md").read_text()
+    rows = re.findall(r"^\| `([a-z_]+\.[a-z_0-9]+)` \| (.*) \|$", docs, re.MULTILINE)
+    expected = [
+        (key, f"`{toml_value(default)}` | {allowed_values(key).replace('|', chr(92) + '|')} | "
+              f"{description}")
+        for key, default, description in config_reference()
+    ]
+    assert rows == expected, "docs/configuration.md is out of date with meshmq.config"
+
+
+def test_configuration_md_example_is_valid(tmp_path: Path) -> None:
+    docs = (DOCS / "configuration.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", docs, re.DOTALL)
+    assert blocks
+    for block in blocks:
+        load_config(write(tmp_path, block))
+
+
+def test_example_toml_is_the_config_listing_and_holds_the_defaults() -> None:
+    example = DOCS / "example.toml"
+    assert example.read_text() == render_config_reference(), (
+        "regenerate with: .venv/bin/meshmq config > docs/example.toml")
+    assert load_config(example) == BrokerConfig()
