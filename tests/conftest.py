@@ -53,8 +53,12 @@ class BrokerProcess:
         return self.proc.wait(timeout=WAIT)
 
 
-def start_broker(tmp_path: Path, config: str = "", name: str = "broker") -> BrokerProcess:
-    """Start a broker with ``config`` (TOML text, merged after the defaults) and wait for it."""
+def start_broker(tmp_path: Path, config: str = "", name: str = "broker",
+                 bind: str = "127.0.0.1") -> BrokerProcess:
+    """Start a broker with ``config`` (TOML text, merged after the defaults) and wait for it.
+
+    Clients always connect to 127.0.0.1; ``bind`` only changes what the broker listens on.
+    """
     workdir = tmp_path / name
     workdir.mkdir(parents=True, exist_ok=True)
     port_file = workdir / "port"
@@ -63,7 +67,7 @@ def start_broker(tmp_path: Path, config: str = "", name: str = "broker") -> Brok
     log_path = workdir / "broker.log"
     cmd = [
         sys.executable, "-m", "meshmq", "serve", "--config", str(config_file),
-        "--bind", "127.0.0.1", "--port", "0", "--data-dir", str(workdir / "data"),
+        "--bind", bind, "--port", "0", "--data-dir", str(workdir / "data"),
         "--log-level", "debug", "--port-file", str(port_file),
     ]
     with open(log_path, "wb") as log_file:

@@ -11,6 +11,7 @@ import json
 import sys
 
 from meshmq import __version__
+from meshmq.auth.cli import add_passwd_command
 from meshmq.clients import add_client_commands
 from meshmq.config import ConfigError, allowed_values, config_reference, load_config
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     add_client_commands(commands)
+    add_passwd_command(commands)
 
     config = commands.add_parser(
         "config", help="print every configuration key with its default",

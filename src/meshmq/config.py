@@ -61,13 +61,29 @@ class SessionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthConfig:
+    password_file: str = ""
+    anonymous: str = "auto"
+
+    @property
+    def allow_anonymous(self) -> bool:
+        """'auto': anonymous clients are allowed only while no password file is configured."""
+        if self.anonymous == "auto":
+            return not self.password_file
+        return self.anonymous == "allow"
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
 
 
-_SECTIONS = {"server": ServerConfig, "mqtt": MQTTConfig, "session": SessionConfig}
+_SECTIONS = {
+    "server": ServerConfig, "mqtt": MQTTConfig, "session": SessionConfig, "auth": AuthConfig,
+}
 
 
 class _Key(NamedTuple):
@@ -121,6 +137,11 @@ _KEYS: dict[str, _Key] = {
     "session.queue_qos0": _Key(bool, None, "queue QoS 0 messages for offline persistent sessions"),
     "session.queue_drop_policy": _Key(
         str, ("drop_oldest", "drop_newest"), "what to drop when a session queue is full"),
+    "auth.password_file": _Key(
+        str, None, "file of user:argon2id-hash lines (see `meshmq passwd`); empty = none"),
+    "auth.anonymous": _Key(
+        str, ("auto", "allow", "deny"),
+        "clients without a user name: auto = allowed only when no password file is set"),
 }
 
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
@@ -255,6 +276,7 @@ def config_reference() -> list[tuple[str, object, str]]:
 
 
 __all__ = [
+    "AuthConfig",
     "BrokerConfig",
     "ConfigError",
     "MQTTConfig",

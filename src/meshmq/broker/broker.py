@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from meshmq.broker.authn import Authenticator
 from meshmq.broker.message import Message
 from meshmq.broker.router import Router
 from meshmq.broker.session import Session, Subscription
@@ -68,6 +69,7 @@ class Broker:
         self.loop = loop
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.sessions)
+        self.authenticator = Authenticator(config.auth, loop)
         self.clients: set[ClientProtocol] = set()
         self.shutting_down = False
         self.counters = {"connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0}
@@ -105,20 +107,45 @@ class Broker:
 
     def handle_events(self, client: ClientProtocol, events: list[Packet]) -> None:
         handlers = self._handlers
-        for packet in events:
+        for index, packet in enumerate(events):
             if client.rejected:
+                return
+            if client.held is not None:  # CONNECT is being authenticated: later packets wait
+                client.held.extend(events[index:])
                 return
             handlers[packet.type](client, packet)
 
     def on_connect(self, client: ClientProtocol, packet: Connect) -> None:
+        if PropertyId.AUTHENTICATION_METHOD in packet.properties:
+            # Enhanced authentication hook point (spec 4.12): no method is offered yet.
+            return self._reject(client, ReasonCode.BAD_AUTHENTICATION_METHOD, "auth method")
+        code = self.authenticator.check(
+            packet, lambda code: self._authenticated(client, packet, code, resume=True)
+        )
+        if code is None:
+            client.hold()
+        else:
+            self._authenticated(client, packet, code, resume=False)
+
+    def _authenticated(
+        self, client: ClientProtocol, packet: Connect, code: int, resume: bool
+    ) -> None:
+        if client.gone:
+            return
+        if code:
+            self._reject(client, code, "authentication")
+            client.close()
+        else:
+            self._accept_connect(client, packet)
+        if resume:
+            client.release()
+
+    def _accept_connect(self, client: ClientProtocol, packet: Connect) -> None:
         conn = client.conn
         cfg = self.config.mqtt
         v5 = conn.version == MQTT_5
         client_id = packet.client_id
         assigned = None
-        if PropertyId.AUTHENTICATION_METHOD in packet.properties:
-            # Enhanced authentication hook point (spec 4.12): no method is offered yet.
-            return self._reject(client, ReasonCode.BAD_AUTHENTICATION_METHOD, "auth method")
         if not client_id:
             if not v5 and not packet.clean_start:
                 return self._reject(client, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "empty id")
@@ -394,6 +421,7 @@ class Broker:
     def shutdown(self) -> None:
         """Close every connection for a clean stop: DISCONNECT 0x8B, no wills."""
         self.shutting_down = True
+        self.authenticator.close()
         for client in list(self.clients):
             client.conn.send_disconnect(ReasonCode.SERVER_SHUTTING_DOWN)
             client.close()

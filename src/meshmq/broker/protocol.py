@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from meshmq.mqtt.connection import ServerConnection
+from meshmq.mqtt.packets import Packet
 from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class ClientProtocol(asyncio.Protocol):
         self.client_id = ""
         self.peer = "?"
         self.rejected = False
+        self.gone = False  # the socket is closed; late callbacks must leave this client alone
+        self.held: list[Packet] | None = None  # packets waiting for CONNECT authentication
         self.congested = False
         self._dirty = False
         self._keep_alive = 0.0
@@ -81,6 +84,7 @@ class ClientProtocol(asyncio.Protocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -94,6 +98,27 @@ class ClientProtocol(asyncio.Protocol):
         self.congested = False
         if self.session is not None and self.session.client is self:
             self.session.pump(self.broker.loop.time())
+
+    # ------------------------------------------------------------------ authentication
+
+    def hold(self) -> None:
+        """Stop reading and keep later packets until ``release()`` (CONNECT is being checked)."""
+        self.held = []
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def release(self) -> None:
+        """Handle the packets held behind CONNECT and read again."""
+        held = self.held or []
+        self.held = None
+        if self.gone:
+            return
+        if not self.rejected:
+            self.transport.resume_reading()  # type: ignore[union-attr]
+            self.broker.handle_events(self, held)
+        self.flush()
+        if self.conn.closed:
+            self.close()
 
     # ------------------------------------------------------------------ used by sessions
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
 import socket
 from pathlib import Path
 
+from meshmq.auth.passwords import PasswordFileError
 from meshmq.broker.broker import Broker
 from meshmq.broker.protocol import ClientProtocol
 from meshmq.config import BrokerConfig
@@ -31,6 +33,11 @@ class BrokerServer:
         Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
         self.broker = Broker(self.config, loop)
         broker = self.broker
+        if self.config.auth.allow_anonymous and not _is_loopback(cfg.bind):
+            log.warning(
+                "ANONYMOUS ACCESS IS ON while listening beyond loopback bind=%s: any client may"
+                " connect; set auth.password_file (and auth.anonymous = \"deny\")", cfg.bind,
+            )
         self._server = await loop.create_server(
             lambda: ClientProtocol(broker), cfg.bind, cfg.port, reuse_address=True, backlog=4096
         )
@@ -54,11 +61,23 @@ class BrokerServer:
         log.info("stopped")
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 async def serve(config: BrokerConfig) -> int:
     """Run a node until SIGTERM or SIGINT; return the process exit code."""
     server = BrokerServer(config)
     try:
         await server.start()
+    except PasswordFileError as exc:
+        log.error("%s", exc)
+        return 2
     except OSError as exc:
         log.error("cannot listen bind=%s port=%d error=%r", config.server.bind,
                   config.server.port, exc.strerror or str(exc))

@@ -1,0 +1,64 @@
+"""Authentication of CONNECT credentials, without blocking the event loop.
+
+``check()`` answers at once when it can (anonymous rules, overload) and otherwise runs the slow
+argon2id verification in a small thread pool, calling ``done(reason_code)`` back on the loop.
+While a check is pending the broker holds the connection's later packets (see
+``ClientProtocol.hold``), so nothing a client pipelines behind CONNECT runs unauthenticated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from meshmq.auth.passwords import PasswordVerifier
+from meshmq.config import AuthConfig
+from meshmq.mqtt.packets import Connect
+from meshmq.mqtt.reason_codes import ReasonCode
+
+log = logging.getLogger("meshmq.auth")
+
+MAX_PENDING = 256  # concurrent verifications; beyond this a CONNECT gets Server Busy
+
+
+class Authenticator:
+    """Decides whether a CONNECT may proceed: 0 = yes, else the CONNACK reason code."""
+
+    def __init__(self, auth: AuthConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.allow_anonymous = auth.allow_anonymous
+        self.verifier = (
+            PasswordVerifier.from_file(auth.password_file) if auth.password_file else None
+        )
+        self.pending = 0
+        self._pool: ThreadPoolExecutor | None = None
+        if self.verifier is not None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="meshmq-auth")
+            log.info("password file loaded users=%d anonymous=%s", len(self.verifier),
+                     self.allow_anonymous)
+
+    def check(self, packet: Connect, done: Callable[[int], None]) -> int | None:
+        """Return a reason code now, or None after arranging ``done(code)`` on the loop."""
+        if packet.username is None or self.verifier is None:
+            return 0 if self.allow_anonymous else ReasonCode.NOT_AUTHORIZED
+        if self.pending >= MAX_PENDING:
+            return ReasonCode.SERVER_BUSY
+        self.pending += 1
+        future = self.loop.run_in_executor(
+            self._pool, self.verifier.verify, packet.username, packet.password
+        )
+        future.add_done_callback(lambda f: self._finish(f, done))
+        return None
+
+    def _finish(
+        self, future: Future[bool] | asyncio.Future[bool], done: Callable[[int], None]
+    ) -> None:
+        self.pending -= 1
+        ok = not future.cancelled() and future.exception() is None and future.result()
+        done(0 if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
