@@ -64,6 +64,7 @@ class SessionConfig:
 class AuthConfig:
     password_file: str = ""
     anonymous: str = "auto"
+    acl_file: str = ""
 
     @property
     def allow_anonymous(self) -> bool:
@@ -142,6 +143,8 @@ _KEYS: dict[str, _Key] = {
     "auth.anonymous": _Key(
         str, ("auto", "allow", "deny"),
         "clients without a user name: auto = allowed only when no password file is set"),
+    "auth.acl_file": _Key(
+        str, None, "ACL rules file (first match wins, default deny); empty = no ACLs"),
 }
 
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}

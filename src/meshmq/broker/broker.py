@@ -27,8 +27,10 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from meshmq.auth.acl import AccessControl
 from meshmq.broker.authn import Authenticator
 from meshmq.broker.message import Message
 from meshmq.broker.router import Router
@@ -70,9 +72,12 @@ class Broker:
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.sessions)
         self.authenticator = Authenticator(config.auth, loop)
+        self.acl = AccessControl.from_file(config.auth.acl_file) if config.auth.acl_file else None
         self.clients: set[ClientProtocol] = set()
         self.shutting_down = False
-        self.counters = {"connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0}
+        self.counters = {
+            "connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0, "acl_denied": 0,
+        }
         self._dirty: list[ClientProtocol] = []
         self._handlers: dict[int, Callable[[ClientProtocol, Any], None]] = {
             PacketType.CONNECT: self.on_connect,
@@ -171,6 +176,9 @@ class Broker:
         self._cancel_timers(session)
         session.expiry_interval = expiry
         session.will = packet.will
+        session.username = packet.username
+        if self.acl is not None:
+            session.may_receive = partial(self.acl.can_receive, packet.username, client_id)
         client.session = session
         client.client_id = client_id
         conn.outgoing_alias_maximum = cfg.broker_topic_aliases
@@ -241,6 +249,10 @@ class Broker:
         if qos == 2 and packet.packet_id in session.qos2_in:
             conn.send_pubrec(packet.packet_id)  # resend of a message already routed
             return
+        acl = self.acl
+        if acl is not None and not acl.can_publish(session.username, session.client_id,
+                                                   packet.topic):
+            return self._publish_denied(client, packet)
         now = self.loop.time()
         message = Message(
             packet.topic, packet.payload, qos, packet.retain, packet.properties,
@@ -255,6 +267,19 @@ class Broker:
         else:
             session.qos2_in.add(packet.packet_id)
             conn.send_pubrec(packet.packet_id, code)
+
+    def _publish_denied(self, client: ClientProtocol, packet: Publish) -> None:
+        """5.0: acknowledge with 0x87; 3.1.1 has no way to say no: acknowledge and drop."""
+        self.counters["acl_denied"] += 1
+        log.info("publish denied client_id=%s topic=%r", client.client_id, packet.topic)
+        conn = client.conn
+        code = ReasonCode.NOT_AUTHORIZED if conn.version == MQTT_5 else 0
+        if packet.qos == 1:
+            conn.send_puback(packet.packet_id, code)
+        elif packet.qos == 2:
+            conn.send_pubrec(packet.packet_id, code)
+            if not code:
+                client.session.qos2_in.add(packet.packet_id)
 
     def on_puback(self, client: ClientProtocol, packet: Puback) -> None:
         client.session.on_puback(packet.packet_id, self.loop.time())
@@ -302,6 +327,13 @@ class Broker:
                     continue
             if not cfg.wildcard_subscriptions and has_wildcard(plain):
                 codes.append(ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED)
+                continue
+            if self.acl is not None and not self.acl.can_subscribe(
+                session.username, session.client_id, plain
+            ):
+                self.counters["acl_denied"] += 1
+                log.info("subscribe denied client_id=%s filter=%r", session.client_id, plain)
+                codes.append(ReasonCode.NOT_AUTHORIZED)
                 continue
             if options.qos > cfg.max_qos:
                 options = replace(options, qos=cfg.max_qos)

@@ -10,6 +10,7 @@ import signal
 import socket
 from pathlib import Path
 
+from meshmq.auth.acl import ACLFileError
 from meshmq.auth.passwords import PasswordFileError
 from meshmq.broker.broker import Broker
 from meshmq.broker.protocol import ClientProtocol
@@ -75,7 +76,7 @@ async def serve(config: BrokerConfig) -> int:
     server = BrokerServer(config)
     try:
         await server.start()
-    except PasswordFileError as exc:
+    except (PasswordFileError, ACLFileError) as exc:
         log.error("%s", exc)
         return 2
     except OSError as exc:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -96,10 +97,12 @@ class Session:
         "expiry_interval",
         "inflight",
         "limits",
+        "may_receive",
         "qos2_in",
         "queue",
         "queued_bytes",
         "subscriptions",
+        "username",
         "will",
         "will_handle",
     )
@@ -119,6 +122,8 @@ class Session:
         self.will_handle: object | None = None
         self.expiry_handle: object | None = None
         self._next_packet_id = 1
+        self.username: str | None = None
+        self.may_receive: Callable[[str], bool] | None = None  # ACL read check, when ACLs are on
         self._unsent = 0  # inflight PUBLISHes not yet resent on the current connection
 
     # ------------------------------------------------------------------ delivery
@@ -128,6 +133,8 @@ class Session:
         now: float, group: SharedKey | None = None,
     ) -> None:
         """Send or queue one message for this session (``group``: via that shared group)."""
+        if self.may_receive is not None and not self.may_receive(message.topic):
+            return  # ACL: this client may not read that topic
         client = self.client
         if client is None:
             if qos or self.limits.queue_qos0:

@@ -1,0 +1,70 @@
+"""ACLs enforced by a real broker: denied SUBSCRIBE and PUBLISH reason codes, delivery filter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import start_broker, wait_for
+from meshmq.mqtt.packets import Puback
+
+
+@pytest.fixture
+def guarded(tmp_path: Path):
+    acl = tmp_path / "acl"
+    acl.write_text(
+        "* readwrite devices/%c/#\n"  # each device owns its subtree, secrets included
+        "* deny devices/+/secret\n"  # nobody else reads them
+        "* read devices/#\n"
+    )
+    broker = start_broker(tmp_path, f'[auth]\nacl_file = "{acl}"\n', "guarded")
+    yield broker
+    broker.stop()
+
+
+@pytest.mark.parametrize(("version", "code"), [(4, 0x80), (5, 0x87)])
+def test_denied_subscribe_gets_not_authorized(guarded, raw_factory, version, code) -> None:
+    raw = raw_factory(guarded.port, version)
+    raw.connect("d1")
+    assert raw.subscribe("other/#", qos=1).reason_codes == [code]
+    assert raw.subscribe("devices/#", qos=1).reason_codes == [1]
+
+
+def test_denied_publish_v5_gets_0x87_and_is_not_routed(guarded, raw_factory) -> None:
+    reader = raw_factory(guarded.port, 5)
+    reader.connect("reader")
+    reader.subscribe("devices/#", qos=1)
+    writer = raw_factory(guarded.port, 5)
+    writer.connect("d1")
+    ack = writer.publish("devices/d2/cmd", b"not mine", qos=1)
+    assert isinstance(ack, Puback) and ack.reason_code == 0x87
+    assert writer.publish("devices/d1/temp", b"mine", qos=1).reason_code in (0, 0x10)
+    delivered = reader.recv()
+    assert (delivered.topic, delivered.payload) == ("devices/d1/temp", b"mine")
+    wait_for(lambda: "publish denied client_id=d1" in guarded.log(), what="the denial log")
+
+
+def test_denied_publish_v311_is_acknowledged_and_dropped(guarded, raw_factory) -> None:
+    reader = raw_factory(guarded.port, 4)
+    reader.connect("reader")
+    reader.subscribe("devices/#", qos=1)
+    writer = raw_factory(guarded.port, 4)
+    writer.connect("d1")
+    assert writer.publish("devices/d2/cmd", b"no", qos=1).reason_code == 0
+    writer.publish("devices/d1/ok", b"yes", qos=1)
+    assert reader.recv().payload == b"yes"
+
+
+def test_deny_inside_an_allowed_filter_holds_per_delivery(guarded, raw_factory) -> None:
+    reader = raw_factory(guarded.port, 5)
+    reader.connect("reader")
+    reader.subscribe("devices/#", qos=1)
+    writer = raw_factory(guarded.port, 5)
+    writer.connect("d1")
+    assert writer.publish("devices/d1/secret", b"hidden", qos=1).reason_code in (0, 0x10)
+    writer.publish("devices/d1/public", b"shown", qos=1)
+    assert reader.recv().payload == b"shown"  # the secret, published first, was not delivered
+    owner = raw_factory(guarded.port, 5)
+    owner.connect("d1-reader")
+    assert owner.subscribe("devices/d1/secret", qos=1).reason_codes == [0x87]
