@@ -75,15 +75,32 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LogSettings:
+    enabled: bool = True
+    persist_filters: str = "#"
+    persist_qos0: bool = False
+    fsync: str = "always"
+    fsync_interval_ms: int = 1000
+    partitions: int = 8
+    key_level: int = -1
+    segment_bytes: int = 64 * 1024 * 1024
+    retention_bytes: int = -1
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    queue_size: int = 100_000
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    log: LogSettings = field(default_factory=LogSettings)
 
 
 _SECTIONS = {
     "server": ServerConfig, "mqtt": MQTTConfig, "session": SessionConfig, "auth": AuthConfig,
+    "log": LogSettings,
 }
 
 
@@ -145,6 +162,24 @@ _KEYS: dict[str, _Key] = {
         "clients without a user name: auto = allowed only when no password file is set"),
     "auth.acl_file": _Key(
         str, None, "ACL rules file (first match wins, default deny); empty = no ACLs"),
+    "log.enabled": _Key(bool, None, "write persisted publishes to the commit log under data_dir"),
+    "log.persist_filters": _Key(
+        str, None, "comma-separated topic filters whose QoS 1/2 publishes are persisted"),
+    "log.persist_qos0": _Key(bool, None, "persist QoS 0 publishes on those topics too"),
+    "log.fsync": _Key(
+        str, ("always", "interval", "never"),
+        "always: fsync before PUBACK/PUBREC; interval: fsync every fsync_interval_ms"
+        " (a power loss may lose that window); never: leave it to the OS"),
+    "log.fsync_interval_ms": _Key(int, (1, None), "fsync period for fsync = interval"),
+    "log.partitions": _Key(
+        int, (1, 65536), "partitions of a new log (fixed once the log exists)"),
+    "log.key_level": _Key(
+        int, (-1, 128), "topic level hashed to pick a partition; -1 = the whole topic"),
+    "log.segment_bytes": _Key(int, (1024, 2**31 - 1), "segment size at which a new one starts"),
+    "log.retention_bytes": _Key(int, (-1, None), "bytes kept per partition; -1 = no limit"),
+    "log.retention_ms": _Key(int, (-1, None), "age after which segments are deleted; -1 = never"),
+    "log.queue_size": _Key(
+        int, (1, None), "appends waiting for the writer; beyond it publishes get 0x97"),
 }
 
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
@@ -282,6 +317,7 @@ __all__ = [
     "AuthConfig",
     "BrokerConfig",
     "ConfigError",
+    "LogSettings",
     "MQTTConfig",
     "ServerConfig",
     "SessionConfig",

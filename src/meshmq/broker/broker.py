@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from meshmq.auth.acl import AccessControl
 from meshmq.broker.authn import Authenticator
 from meshmq.broker.message import Message
+from meshmq.broker.persistence import Persistence
 from meshmq.broker.router import Router
 from meshmq.broker.session import Session, Subscription
 from meshmq.mqtt.errors import RemoteProtocolError
@@ -73,10 +74,14 @@ class Broker:
         self.router = Router(self.sessions)
         self.authenticator = Authenticator(config.auth, loop)
         self.acl = AccessControl.from_file(config.auth.acl_file) if config.auth.acl_file else None
+        self.persistence = (
+            Persistence(config.log, config.server.data_dir, loop) if config.log.enabled else None
+        )
         self.clients: set[ClientProtocol] = set()
         self.shutting_down = False
         self.counters = {
             "connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0, "acl_denied": 0,
+            "refused_publishes": 0,
         }
         self._dirty: list[ClientProtocol] = []
         self._handlers: dict[int, Callable[[ClientProtocol, Any], None]] = {
@@ -247,8 +252,9 @@ class Broker:
         conn = client.conn
         qos = packet.qos
         if qos == 2 and packet.packet_id in session.qos2_in:
-            conn.send_pubrec(packet.packet_id)  # resend of a message already routed
-            return
+            if packet.packet_id not in session.qos2_pending:
+                conn.send_pubrec(packet.packet_id)  # resend of a message already routed
+            return  # (a pending one is acknowledged when its append completes)
         acl = self.acl
         if acl is not None and not acl.can_publish(session.username, session.client_id,
                                                    packet.topic):
@@ -258,15 +264,67 @@ class Broker:
             packet.topic, packet.payload, qos, packet.retain, packet.properties,
             session.client_id, now,
         )
+        persistence = self.persistence
+        if persistence is not None and persistence.wants(packet.topic, qos):
+            return self._persist(client, packet, message)
+        self._route_and_ack(client, packet, message, now)
+
+    def _route_and_ack(
+        self, client: ClientProtocol, packet: Publish, message: Message, now: float
+    ) -> None:
         receivers = self.router.publish(message, now)
+        qos = packet.qos
         if not qos:
             return
+        conn = client.conn
         code = 0 if receivers or conn.version != MQTT_5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
         if qos == 1:
             conn.send_puback(packet.packet_id, code)
         else:
-            session.qos2_in.add(packet.packet_id)
+            client.session.qos2_in.add(packet.packet_id)
             conn.send_pubrec(packet.packet_id, code)
+
+    def _persist(self, client: ClientProtocol, packet: Publish, message: Message) -> None:
+        """Append to the commit log; route and acknowledge only once durable."""
+        session = client.session
+        if packet.qos == 2:
+            session.qos2_in.add(packet.packet_id)
+            session.qos2_pending.add(packet.packet_id)
+
+        def durable(outcome: object) -> None:
+            session.qos2_pending.discard(packet.packet_id)
+            if isinstance(outcome, BaseException):
+                return self._persist_failed(client, packet, outcome)
+            attached = session.client is client and not client.gone
+            if attached:
+                self._route_and_ack(client, packet, message, self.loop.time())
+                client.wake()
+            else:  # the publisher left: route anyway (it is durable), its resend acks itself
+                self.router.publish(message, self.loop.time())
+
+        if not self.persistence.append(message, session.client_id, durable):  # type: ignore[union-attr]
+            session.qos2_pending.discard(packet.packet_id)
+            session.qos2_in.discard(packet.packet_id)
+            self._refuse_publish(client, packet, ReasonCode.QUOTA_EXCEEDED, "log queue full")
+
+    def _persist_failed(
+        self, client: ClientProtocol, packet: Publish, error: BaseException
+    ) -> None:
+        log.error("commit log append failed topic=%r error=%r", packet.topic, str(error))
+        client.session.qos2_in.discard(packet.packet_id)
+        if not client.gone:
+            self._refuse_publish(client, packet, ReasonCode.UNSPECIFIED_ERROR, "log failure")
+            client.wake()
+
+    def _refuse_publish(self, client: ClientProtocol, packet: Publish, code: int, why: str) -> None:
+        """5.0: a negative PUBACK/PUBREC; 3.1.1 cannot say no, so the connection is closed."""
+        self.counters["refused_publishes"] += 1
+        if client.conn.version != MQTT_5:
+            return self.protocol_violation(client, code, why)
+        if packet.qos == 1:
+            client.conn.send_puback(packet.packet_id, code)
+        elif packet.qos == 2:
+            client.conn.send_pubrec(packet.packet_id, code)
 
     def _publish_denied(self, client: ClientProtocol, packet: Publish) -> None:
         """5.0: acknowledge with 0x87; 3.1.1 has no way to say no: acknowledge and drop."""

@@ -15,6 +15,7 @@ from meshmq.auth.passwords import PasswordFileError
 from meshmq.broker.broker import Broker
 from meshmq.broker.protocol import ClientProtocol
 from meshmq.config import BrokerConfig
+from meshmq.log.errors import LogConfigError, LogError
 
 log = logging.getLogger("meshmq.server")
 
@@ -59,6 +60,8 @@ class BrokerServer:
             self.broker.shutdown()
         if self._server is not None:
             await self._server.wait_closed()
+        if self.broker is not None and self.broker.persistence is not None:
+            self.broker.persistence.close()
         log.info("stopped")
 
 
@@ -76,9 +79,12 @@ async def serve(config: BrokerConfig) -> int:
     server = BrokerServer(config)
     try:
         await server.start()
-    except (PasswordFileError, ACLFileError) as exc:
+    except (PasswordFileError, ACLFileError, LogConfigError) as exc:
         log.error("%s", exc)
         return 2
+    except LogError as exc:
+        log.error("cannot open the commit log: %s (see `meshmq log verify`)", exc)
+        return 1
     except OSError as exc:
         log.error("cannot listen bind=%s port=%d error=%r", config.server.bind,
                   config.server.port, exc.strerror or str(exc))

@@ -99,6 +99,7 @@ class Session:
         "limits",
         "may_receive",
         "qos2_in",
+        "qos2_pending",
         "queue",
         "queued_bytes",
         "subscriptions",
@@ -117,6 +118,7 @@ class Session:
         self.queue: deque[QueueEntry] = deque()
         self.queued_bytes = 0
         self.qos2_in: set[int] = set()
+        self.qos2_pending: set[int] = set()  # QoS 2 ids whose log append is not durable yet
         self.dropped = 0
         self.will: Will | None = None
         self.will_handle: object | None = None

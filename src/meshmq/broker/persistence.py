@@ -1,0 +1,118 @@
+"""The broker's side of the commit log: which publishes persist, and acks once durable.
+
+Theory of operation
+-------------------
+``Persistence.append()`` turns a ``Message`` into a log ``Record`` and hands it to the
+``LogWriter`` thread without blocking. When the writer has made the record as durable as the
+fsync policy promises it calls back on its own thread; completions are queued and delivered to
+the event loop in one ``call_soon_threadsafe`` per burst, in the order the writer finished them
+(which is the order they were submitted). The broker routes the message and sends PUBACK/PUBREC
+only in that callback, so:
+
+* an acknowledged message is in the log under the configured policy (``always``: fsynced);
+* subscribers only ever see messages that are in the log;
+* messages of one publisher keep their order.
+
+A full writer queue is backpressure: ``append()`` returns False and the broker refuses the
+publish (5.0: 0x97 Quota exceeded) rather than buffering without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from meshmq.broker.message import Message
+from meshmq.config import LogSettings
+from meshmq.log.commit_log import CommitLog
+from meshmq.log.config import LogConfig
+from meshmq.log.record import Record
+from meshmq.log.writer import AppendResult, LogWriter
+from meshmq.mqtt.topics import topic_matches
+
+log = logging.getLogger("meshmq.persistence")
+
+Completion = Callable[[AppendResult | BaseException], None]
+
+
+class Persistence:
+    """Owns the commit log and its writer thread for one broker node."""
+
+    def __init__(self, settings: LogSettings, data_dir: str, loop: asyncio.AbstractEventLoop):
+        self.settings = settings
+        self.loop = loop
+        self.filters = [f.strip() for f in settings.persist_filters.split(",") if f.strip()]
+        config = LogConfig(
+            partitions=settings.partitions,
+            segment_bytes=settings.segment_bytes,
+            retention_bytes=settings.retention_bytes,
+            retention_ms=settings.retention_ms,
+            key_level=None if settings.key_level < 0 else settings.key_level,
+        )
+        self.commit_log = CommitLog(Path(data_dir), config)
+        self.writer = LogWriter(
+            self.commit_log, fsync_policy=settings.fsync,
+            fsync_interval_ms=settings.fsync_interval_ms, queue_size=settings.queue_size,
+        )
+        self._done: deque[tuple[Completion, AppendResult | BaseException]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._cache: dict[str, bool] = {}
+
+    def wants(self, topic: str, qos: int) -> bool:
+        """Is a publish on ``topic`` at ``qos`` persisted? (cached per topic)"""
+        if not qos and not self.settings.persist_qos0:
+            return False
+        decision = self._cache.get(topic)
+        if decision is None:
+            if len(self._cache) >= 10_000:
+                self._cache.clear()
+            decision = self._cache[topic] = any(topic_matches(f, topic) for f in self.filters)
+        return decision
+
+    def append(self, message: Message, client_id: str, done: Completion) -> bool:
+        """Queue ``message`` for the log; ``done`` runs on the loop once durable (or failed).
+
+        Returns False, without calling ``done``, when the writer's queue is full.
+        """
+        record = Record.new(
+            message.topic, message.payload, int(time.time() * 1000), qos=message.qos,
+            retain=message.retain, properties=message.encoded_properties(), client_id=client_id,
+        )
+        try:
+            self.writer.submit_nowait(record, lambda outcome: self._completed(done, outcome))
+        except queue.Full:
+            return False
+        return True
+
+    def _completed(self, done: Completion, outcome: AppendResult | BaseException) -> None:
+        """On the writer thread: queue the completion, wake the loop once per burst."""
+        self._done.append((done, outcome))
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: the broker is gone, nobody to tell
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._scheduled = False
+        done = self._done
+        while done:
+            callback, outcome = done.popleft()
+            callback(outcome)
+
+    def close(self) -> None:
+        """Finish queued appends (their completions are dropped) and close the log."""
+        self.writer.close()
+        self.commit_log.close()
+        log.info("commit log closed")

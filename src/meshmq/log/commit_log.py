@@ -1,0 +1,230 @@
+"""``CommitLog``: the broker's partitioned log under ``data_dir/log``.
+
+Theory of operation
+-------------------
+``data_dir/log/meta.json`` records the format version and the partition count, fixed when the
+log is created; opening with another count is a ``LogConfigError`` (records would silently
+change partition and lose their order). Each partition lives in ``data_dir/log/{n}/``. A topic
+is mapped to a partition by the ``Partitioner`` (stable CRC-32 hash), so all records on a topic
+(or on a topic group, with ``key_level``) are totally ordered by offset.
+
+An exclusive ``flock`` on ``data_dir/log/.lock`` keeps a second process (or a second
+``CommitLog`` in this one) from opening the same directory. Every method is thread-safe; see
+``partition.py`` for what each one blocks on. ``LogWriter`` (``writer.py``) is the intended way
+to append from an event loop: it groups appends and fsyncs on its own thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from meshmq.log.config import LogConfig
+from meshmq.log.errors import LogConfigError, LogDirectoryLocked
+from meshmq.log.files import FsyncFunction, fsync_directory
+from meshmq.log.partition import DEFAULT_READ_BYTES, Partition, PartitionStatistics
+from meshmq.log.partitioner import Partitioner
+from meshmq.log.record import FORMAT_VERSION, Record
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on POSIX
+    fcntl = None  # type: ignore[assignment]
+
+LOG_DIRECTORY = "log"
+META_FILE = "meta.json"
+LOCK_FILE = ".lock"
+META_FORMAT = "meshmq-log"
+META_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LogStatistics:
+    """A snapshot of every partition's offsets and sizes."""
+
+    partitions: tuple[PartitionStatistics, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(p.size_bytes for p in self.partitions)
+
+    @property
+    def records(self) -> int:
+        """Records currently stored (offsets are dense, so next - earliest per partition)."""
+        return sum(p.next_offset - p.earliest_offset for p in self.partitions)
+
+
+class CommitLog:
+    """The partitioned commit log; see the module docstring."""
+
+    def __init__(self, data_dir: Path | str, config: LogConfig | None = None, *,
+                 fsync: FsyncFunction = os.fsync, now_ms: int | None = None) -> None:
+        """Open or create ``data_dir/log``, recovering every partition.
+
+        ``fsync`` replaces ``os.fsync`` everywhere the log syncs (tests wrap it to observe
+        durability). Raises ``LogConfigError`` on a partition-count or format mismatch,
+        ``LogDirectoryLocked`` if the directory is in use, ``CorruptSegment`` on corruption.
+        """
+        self.config = config or LogConfig()
+        self.directory = Path(data_dir) / LOG_DIRECTORY
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.partitioner = Partitioner(self.config.partitions, self.config.key_level)
+        self._partitions: list[Partition] = []
+        self._lock_fd = _lock_directory(self.directory / LOCK_FILE)
+        try:
+            _check_meta(self.directory, self.config.partitions, fsync)
+            for n in range(self.config.partitions):
+                self._partitions.append(Partition(
+                    self.directory / str(n), self.config, fsync=fsync, now_ms=now_ms))
+            for directory in (self.directory, self.directory.parent):  # new directory entries
+                fsync_directory(directory, fsync)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def partition_count(self) -> int:
+        return self.config.partitions
+
+    def partition(self, partition: int) -> Partition:
+        """The ``Partition`` object, for cursors that read one partition repeatedly."""
+        return self._partitions[partition]
+
+    def partition_for(self, topic: str) -> int:
+        """The partition records on ``topic`` go to (stable across processes and restarts)."""
+        return self.partitioner.partition_for(topic)
+
+    # -- appending ------------------------------------------------------------------------
+
+    def append(self, topic: str, qos: int, retain: bool, properties: bytes, payload: bytes,
+               client_id: str, timestamp_ms: int, *,
+               message_id: bytes | None = None) -> tuple[int, int]:
+        """Append one record; return (partition, offset). Not durable until ``flush()``."""
+        record = Record.new(topic, payload, timestamp_ms, qos=qos, retain=retain,
+                            properties=properties, client_id=client_id, message_id=message_id)
+        partition = self.partition_for(topic)
+        return partition, self._partitions[partition].append([record], timestamp_ms)[0]
+
+    def append_many(self, records: Sequence[Record],
+                    now_ms: int | None = None) -> list[tuple[int, int]]:
+        """Append records (offsets ignored), one batch per partition; return (partition,
+        offset) for each, in input order. Not durable until ``flush()``."""
+        groups: dict[int, list[int]] = {}
+        for i, record in enumerate(records):
+            groups.setdefault(self.partition_for(record.topic), []).append(i)
+        results: list[tuple[int, int]] = [(0, 0)] * len(records)
+        for partition, indexes in groups.items():
+            base, _ = self.append_to(partition, [records[i] for i in indexes], now_ms)
+            for n, i in enumerate(indexes):
+                results[i] = (partition, base + n)
+        return results
+
+    def append_to(self, partition: int, records: Sequence[Record],
+                  now_ms: int | None = None) -> tuple[int, int]:
+        """Append records to one partition whatever their topics; return (first, last) offset."""
+        return self._partitions[partition].append(records, now_ms)
+
+    # -- reading --------------------------------------------------------------------------
+
+    def read(self, partition: int, offset: int, max_records: int | None = None, *,
+             max_bytes: int = DEFAULT_READ_BYTES) -> list[Record]:
+        """Records of ``partition`` from ``offset`` on; see ``Partition.read``."""
+        return self._partitions[partition].read(offset, max_records=max_records,
+                                                max_bytes=max_bytes)
+
+    def earliest_offset(self, partition: int) -> int:
+        return self._partitions[partition].earliest_offset
+
+    def next_offset(self, partition: int) -> int:
+        return self._partitions[partition].next_offset
+
+    def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None:
+        """First offset at or after ``timestamp_ms``; None: all older, use ``next_offset``."""
+        return self._partitions[partition].offset_for_timestamp(timestamp_ms)
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Apply retention to every partition; return the number of segments deleted."""
+        return sum(p.enforce_retention(now_ms) for p in self._partitions)
+
+    def flush(self, partitions: Iterable[int] | None = None) -> None:
+        """fsync the given partitions (all by default): what was appended is now durable."""
+        chosen = range(len(self._partitions)) if partitions is None else partitions
+        for n in chosen:
+            self._partitions[n].flush()
+
+    def statistics(self) -> LogStatistics:
+        return LogStatistics(tuple(p.statistics() for p in self._partitions))
+
+    def close(self) -> None:
+        """Flush and close every partition, then release the directory lock. Idempotent."""
+        try:
+            for partition in self._partitions:
+                partition.close()
+        finally:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = -1
+
+    def __enter__(self) -> CommitLog:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _lock_directory(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if fcntl is None:
+        return fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LogDirectoryLocked(f"{path.parent} is in use by another log") from None
+    return fd
+
+
+def _check_meta(directory: Path, partitions: int, fsync: FsyncFunction) -> None:
+    path = directory / META_FILE
+    if not path.exists():
+        _refuse_orphan_partitions(directory, partitions)
+        _write_meta(path, partitions, fsync)
+        return
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        fmt, version, stored = meta["format"], meta["format_version"], meta["partitions"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LogConfigError(f"{path} is unreadable: {exc}") from None
+    if fmt != META_FORMAT or version != META_VERSION:
+        raise LogConfigError(f"{path}: unsupported log format {fmt!r} version {version!r}")
+    if stored != partitions:
+        raise LogConfigError(
+            f"{directory} was created with {stored} partitions; the configuration asks for "
+            f"{partitions}. The count cannot change: configure {stored} or use a new data_dir."
+        )
+
+
+def _refuse_orphan_partitions(directory: Path, partitions: int) -> None:
+    found = [p.name for p in directory.iterdir() if p.is_dir() and p.name.isdigit()]
+    if any(int(name) >= partitions for name in found):
+        raise LogConfigError(f"{directory} holds partitions but no {META_FILE}; restore it")
+
+
+def _write_meta(path: Path, partitions: int, fsync: FsyncFunction) -> None:
+    meta = {"format": META_FORMAT, "format_version": META_VERSION, "partitions": partitions,
+            "batch_magic": FORMAT_VERSION, "partitioner": "crc32"}
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(meta, file, indent=2)
+        file.write("\n")
+        file.flush()
+        fsync(file.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent, fsync)

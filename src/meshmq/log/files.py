@@ -1,0 +1,66 @@
+"""File helpers shared by the log: names, positional writes, read-only maps, durable metadata."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+FsyncFunction = Callable[[int], None]  # os.fsync, or a wrapper a test injects
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX)
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    """``00000000000000000042.log``: 20 digits, so names sort in offset order."""
+    return f"{base_offset:020d}{suffix}"
+
+
+def write_at(fd: int, data: bytes, position: int) -> None:
+    """Write all of ``data`` at ``position`` (``os.pwrite`` may write less than asked)."""
+    view = memoryview(data)
+    written = 0
+    while written < len(data):
+        written += os.pwrite(fd, view[written:], position + written)
+
+
+@contextmanager
+def mapped(fd: int, size: int) -> Iterator[mmap.mmap]:
+    """The first ``size`` (> 0) bytes of a file, mapped read-only for the ``with`` block."""
+    mapping = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    try:
+        yield mapping
+    finally:
+        mapping.close()
+
+
+def fsync_directory(directory: Path, fsync: FsyncFunction = os.fsync) -> None:
+    """fsync a directory so file creations, renames and deletions in it are durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_durably(path: Path, fsync: FsyncFunction = os.fsync) -> None:
+    """Create an empty marker file whose existence survives a power loss."""
+    path.touch()
+    fsync_directory(path.parent, fsync)
+
+
+def list_segment_bases(directory: Path) -> list[int]:
+    """Base offsets of the segments in ``directory``, sorted; orphan index files are removed
+    (a deletion interrupted after the ``.log`` went)."""
+    bases = sorted(int(p.stem) for p in directory.glob(f"*{LOG_SUFFIX}") if p.stem.isdigit())
+    known = set(bases)
+    for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+        for path in directory.glob(f"*{suffix}"):
+            if path.stem.isdigit() and int(path.stem) not in known:
+                path.unlink()
+    return bases
