@@ -11,7 +11,7 @@ $(BIN)/python:
 
 # meshmq and its pinned dependencies; redone only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark]'
 	touch $@
 
 ## Start a broker with embedded defaults: MQTT on 0.0.0.0:1883, data under ./data.
@@ -32,7 +32,7 @@ test: $(VENV)/.installed
 	  fi; \
 	}
 	$(BIN)/ruff check src tests
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 ## Lint only.
 lint: $(VENV)/.installed
