@@ -14,6 +14,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from hypothesis import settings
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -21,6 +22,11 @@ from paho.mqtt.properties import Properties
 from rawclient import RawClient
 
 WAIT = 10.0  # seconds any condition may take before a test fails
+
+# Property tests run on loaded 2-core machines next to broker processes and a JVM: a per-example
+# deadline would measure the machine, not the code.
+settings.register_profile("meshmq", deadline=None)
+settings.load_profile("meshmq")
 
 
 def wait_for(condition: Callable[[], object], timeout: float = WAIT, what: str = "condition"):
@@ -43,6 +49,11 @@ class BrokerProcess:
     port: int
     data_dir: Path
     log_path: Path
+    ports: dict[str, int] = field(default_factory=dict)  # listener name (tcp, tls, ws, wss) -> port
+
+    def port_of(self, listener: str) -> int:
+        """The port of listener ``tcp``, ``tls``, ``ws`` or ``wss`` (from the port file)."""
+        return self.ports[listener]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -80,7 +91,9 @@ def start_broker(tmp_path: Path, config: str = "", name: str = "broker",
         return port_file.exists() and port_file.read_text().strip() != ""
 
     wait_for(ready, what="broker to listen")
-    broker.port = int(port_file.read_text())
+    first, *named = port_file.read_text().split()  # the TCP port, then name=port lines
+    broker.port = int(first)
+    broker.ports = {name: int(port) for name, port in (line.split("=") for line in named)}
     return broker
 
 
@@ -222,3 +235,16 @@ def props(packet_type: int = PacketTypes.PUBLISH, **values) -> Properties:
 
 
 __all__ = ["WAIT", "BrokerProcess", "Client", "props", "start_broker", "threading", "wait_for"]
+
+
+Pairs = list[tuple[str, str]]
+
+
+def split_position(pairs: Pairs | None) -> tuple[Pairs, tuple[int, int] | None]:
+    """Separate the broker's ``meshmq-partition``/``meshmq-offset`` user properties (added to
+    every persisted message) from the publisher's own; return (own pairs, (partition, offset))."""
+    own = [(k, v) for k, v in pairs or [] if k not in ("meshmq-partition", "meshmq-offset")]
+    found = dict(pair for pair in pairs or [] if pair[0] in ("meshmq-partition", "meshmq-offset"))
+    if not found:
+        return own, None
+    return own, (int(found["meshmq-partition"]), int(found["meshmq-offset"]))

@@ -1,4 +1,4 @@
-"""Command line: ``meshmq serve | pub | sub | config``.
+"""Command line: ``meshmq serve | pub | sub | passwd | log | pipeline | config``.
 
 Exit status 2 means bad usage or bad configuration (one line on stderr); ``serve`` otherwise
 returns what the broker returns.
@@ -14,6 +14,7 @@ from meshmq import __version__
 from meshmq.auth.cli import add_passwd_command
 from meshmq.clients import add_client_commands
 from meshmq.config import ConfigError, allowed_values, config_reference, load_config
+from meshmq.log.cli import add_log_command
 
 # serve flag (argparse dest) -> configuration key it overrides
 SERVE_OVERRIDES = {
@@ -27,6 +28,11 @@ SERVE_OVERRIDES = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pipeline"]:  # own parser, imported late: only the pipeline needs pyspark
+        from meshmq.pipeline.cli import main as pipeline_main
+
+        return pipeline_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -56,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_client_commands(commands)
     add_passwd_command(commands)
+    add_log_command(commands)
+    commands.add_parser("pipeline", help="run a Spark job over the commit log "
+                        "(meshmq pipeline --help)")  # parsed by meshmq.pipeline.cli
 
     config = commands.add_parser(
         "config", help="print every configuration key with its default",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -32,6 +33,10 @@ class ServerConfig:
     log_level: str = "info"
     log_format: str = "text"
     port_file: str = ""
+    allow: str = ""
+    deny: str = ""
+    max_connections: int = 0
+    max_connections_per_ip: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +95,73 @@ class LogSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    connect_rate: int = 1000
+    connect_burst: int = 1000
+    connect_rate_per_address: int = 0
+    connect_burst_per_address: int = 20
+    client_message_rate: int = 0
+    client_message_burst: int = 1000
+    client_byte_rate: int = 0
+    client_byte_burst: int = 1_048_576
+    throttle_timeout: int = 60
+    max_subscriptions: int = 1000
+    max_topic_bytes: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class TLSConfig:
+    """The MQTT-over-TLS listener, and the certificate settings it shares with wss."""
+
+    enabled: bool = False
+    bind: str = ""
+    port: int = 8883
+    certfile: str = ""
+    keyfile: str = ""
+    cafile: str = ""
+    require_client_cert: bool = False
+    cert_username: bool = False
+    min_version: str = "1.2"
+    allow: str = ""
+    deny: str = ""
+    max_connections: int = 0
+    max_connections_per_ip: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WebSocketConfig:
+    enabled: bool = False
+    bind: str = ""
+    port: int = 8083
+    path: str = "/mqtt"
+    allow: str = ""
+    deny: str = ""
+    max_connections: int = 0
+    max_connections_per_ip: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SecureWebSocketConfig(WebSocketConfig):
+    port: int = 8084
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     log: LogSettings = field(default_factory=LogSettings)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    ws: WebSocketConfig = field(default_factory=WebSocketConfig)
+    wss: SecureWebSocketConfig = field(default_factory=SecureWebSocketConfig)
 
 
 _SECTIONS = {
     "server": ServerConfig, "mqtt": MQTTConfig, "session": SessionConfig, "auth": AuthConfig,
-    "log": LogSettings,
+    "log": LogSettings, "limits": LimitsConfig, "tls": TLSConfig, "ws": WebSocketConfig,
+    "wss": SecureWebSocketConfig,
 }
 
 
@@ -110,9 +171,45 @@ class _Key(NamedTuple):
     # ints; str: the accepted strings; None: anything of the right type
     allowed: tuple[Any, ...] | None
     description: str
+    # a further check of a value of the right type: returns a problem ("" = fine)
+    check: Callable[[Any], str] | None = None
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _check_networks(value: str) -> str:
+    from meshmq.broker.admission import parse_networks  # the parser lives with its user
+
+    try:
+        parse_networks(value)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def _check_path(value: str) -> str:
+    if not value.startswith("/") or any(c.isspace() or c in "?#" for c in value):
+        return f"must be an HTTP path such as /mqtt, got {_show(value)}"
+    return ""
+
+
+def _admission_keys(section: str, listener: str) -> dict[str, _Key]:
+    """The CIDR rules and connection limits every listener has."""
+    return {
+        f"{section}.allow": _Key(
+            str, None, f"comma-separated CIDR networks allowed on {listener}; empty = any",
+            _check_networks),
+        f"{section}.deny": _Key(
+            str, None, f"comma-separated CIDR networks refused on {listener} (deny wins)",
+            _check_networks),
+        f"{section}.max_connections": _Key(
+            int, (0, None), f"connections open at once on {listener}; beyond it CONNACK 0x97"
+            " (3.1.1: 3); 0 = no limit"),
+        f"{section}.max_connections_per_ip": _Key(
+            int, (0, None), f"connections open at once from one source IP on {listener};"
+            " beyond it CONNACK 0x97 (3.1.1: 3); 0 = no limit"),
+    }
 
 # The one table: dotted key -> type, allowed values, description. Its order is the docs' order.
 _KEYS: dict[str, _Key] = {
@@ -122,7 +219,9 @@ _KEYS: dict[str, _Key] = {
     "server.log_level": _Key(str, _LOG_LEVELS, "log verbosity"),
     "server.log_format": _Key(str, ("text", "json"), "log line format on stderr"),
     "server.port_file": _Key(
-        str, None, "if set, the bound port is written to this file once listening"),
+        str, None, "if set, written once listening: the TCP port on the first line, then a"
+        " name=port line per listener (tcp, tls, ws, wss)"),
+    **_admission_keys("server", "the TCP listener"),
     "mqtt.max_packet_size": _Key(
         int, (1, 268_435_455), "largest packet accepted, in bytes (advertised in CONNACK)"),
     "mqtt.receive_maximum": _Key(
@@ -180,6 +279,59 @@ _KEYS: dict[str, _Key] = {
     "log.retention_ms": _Key(int, (-1, None), "age after which segments are deleted; -1 = never"),
     "log.queue_size": _Key(
         int, (1, None), "appends waiting for the writer; beyond it publishes get 0x97"),
+    "limits.connect_rate": _Key(
+        int, (0, None), "CONNECTs per second the node accepts (token bucket); above it"
+        " CONNACK 0x9F (3.1.1: 3); 0 = no limit"),
+    "limits.connect_burst": _Key(
+        int, (1, None), "CONNECTs the node accepts at once before connect_rate applies"),
+    "limits.connect_rate_per_address": _Key(
+        int, (0, None), "CONNECTs per second from one source address; 0 = no limit"),
+    "limits.connect_burst_per_address": _Key(
+        int, (1, None), "CONNECTs one source address may make at once"),
+    "limits.client_message_rate": _Key(
+        int, (0, None), "PUBLISH packets per second one client may send; above it the broker"
+        " stops reading from it (lossless backpressure); 0 = no limit"),
+    "limits.client_message_burst": _Key(
+        int, (1, None), "PUBLISH packets a client may send at once before its rate applies"),
+    "limits.client_byte_rate": _Key(
+        int, (0, None), "bytes per second one client may send (throttled like messages);"
+        " 0 = no limit"),
+    "limits.client_byte_burst": _Key(
+        int, (1, None), "bytes a client may send at once before its byte rate applies"),
+    "limits.throttle_timeout": _Key(
+        int, (0, None), "seconds a client may stay throttled without a break before it is"
+        " disconnected (5.0: DISCONNECT 0x96); 0 = never"),
+    "limits.max_subscriptions": _Key(
+        int, (0, None), "topic filters one session may hold; beyond it SUBACK 0x97"
+        " (3.1.1: 0x80); 0 = no limit"),
+    "limits.max_topic_bytes": _Key(
+        int, (1, 65535), "longest topic name or filter, in UTF-8 bytes (longer: 0x90/0x8F)"),
+    "tls.enabled": _Key(bool, None, "listen for MQTT over TLS"),
+    "tls.bind": _Key(str, None, "address of the TLS listener; empty = server.bind"),
+    "tls.port": _Key(int, (0, 65535), "MQTT over TLS port; 0 picks a free port"),
+    "tls.certfile": _Key(
+        str, None, "PEM server certificate (chain) for tls and wss; reloaded on SIGHUP"),
+    "tls.keyfile": _Key(str, None, "PEM private key (unencrypted); empty = in certfile"),
+    "tls.cafile": _Key(
+        str, None, "PEM CA certificates that sign client certificates; empty = none asked"),
+    "tls.require_client_cert": _Key(
+        bool, None, "mutual TLS: refuse clients without a certificate signed by cafile"),
+    "tls.cert_username": _Key(
+        bool, None, "a verified client certificate's subject CN is the user name (ACLs apply"
+        " to it) and no password is needed"),
+    "tls.min_version": _Key(str, ("1.2", "1.3"), "oldest TLS version accepted"),
+    **_admission_keys("tls", "the TLS listener"),
+    "ws.enabled": _Key(bool, None, "listen for MQTT over WebSocket (subprotocol mqtt)"),
+    "ws.bind": _Key(str, None, "address of the WebSocket listener; empty = server.bind"),
+    "ws.port": _Key(int, (0, 65535), "MQTT over WebSocket port; 0 picks a free port"),
+    "ws.path": _Key(str, None, "HTTP path of the WebSocket endpoint", _check_path),
+    **_admission_keys("ws", "the WebSocket listener"),
+    "wss.enabled": _Key(
+        bool, None, "listen for MQTT over WebSocket over TLS (certificate from [tls])"),
+    "wss.bind": _Key(str, None, "address of the WebSocket TLS listener; empty = server.bind"),
+    "wss.port": _Key(int, (0, 65535), "MQTT over secure WebSocket port; 0 picks a free port"),
+    "wss.path": _Key(str, None, "HTTP path of the secure WebSocket endpoint", _check_path),
+    **_admission_keys("wss", "the secure WebSocket listener"),
 }
 
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
@@ -239,6 +391,9 @@ def _check(key: str, value: Any, from_text: bool = False) -> Any:
             ok = low <= value and (high is None or value <= high)
     if not ok:
         raise ConfigError(f"{key}: must be {_requirement(spec)}, got {_show(given)}")
+    problem = spec.check(value) if spec.check is not None else ""
+    if problem:
+        raise ConfigError(f"{key}: {problem}")
     return value
 
 
@@ -300,7 +455,28 @@ def load_config(
     for key, value in values.items():
         section, name = key.split(".", 1)
         sections[section][name] = value
-    return BrokerConfig(**{name: cls(**sections[name]) for name, cls in _SECTIONS.items()})
+    config = BrokerConfig(**{name: cls(**sections[name]) for name, cls in _SECTIONS.items()})
+    _check_listeners(config)
+    return config
+
+
+def _check_listeners(config: BrokerConfig) -> None:
+    """Rules that tie keys together (one-line ConfigError naming the key to fix)."""
+    tls = config.tls
+    if (tls.enabled or config.wss.enabled) and not tls.certfile:
+        raise ConfigError("tls.certfile: required when tls.enabled or wss.enabled is true")
+    for flag in ("require_client_cert", "cert_username"):
+        if getattr(tls, flag) and not tls.cafile:
+            raise ConfigError(f"tls.cafile: required when tls.{flag} is true")
+    seen: dict[tuple[str, int], str] = {}
+    for name in ("server", "tls", "ws", "wss"):
+        section = getattr(config, name)
+        if name != "server" and not section.enabled:
+            continue
+        where = (section.bind or config.server.bind, section.port)
+        if section.port and where in seen:
+            raise ConfigError(f"{name}.port: {section.port} is already used by {seen[where]}.port")
+        seen[where] = name
 
 
 def config_reference() -> list[tuple[str, object, str]]:
@@ -317,10 +493,14 @@ __all__ = [
     "AuthConfig",
     "BrokerConfig",
     "ConfigError",
+    "LimitsConfig",
     "LogSettings",
     "MQTTConfig",
+    "SecureWebSocketConfig",
     "ServerConfig",
     "SessionConfig",
+    "TLSConfig",
+    "WebSocketConfig",
     "allowed_values",
     "config_reference",
     "load_config",

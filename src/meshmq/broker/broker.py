@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,8 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 from meshmq.auth.acl import AccessControl
 from meshmq.broker.authn import Authenticator
+from meshmq.broker.keeper import StateKeeper
 from meshmq.broker.message import Message
 from meshmq.broker.persistence import Persistence
+from meshmq.broker.ratelimit import ConnectRateLimiter
+from meshmq.broker.replay import REPLAY_PROPERTY, ReplayError, parse_replay, start_offsets
 from meshmq.broker.router import Router
 from meshmq.broker.session import Session, Subscription
 from meshmq.mqtt.errors import RemoteProtocolError
@@ -78,10 +82,13 @@ class Broker:
             Persistence(config.log, config.server.data_dir, loop) if config.log.enabled else None
         )
         self.clients: set[ClientProtocol] = set()
+        self.keeper = StateKeeper(self)
+        self.connect_limiter = ConnectRateLimiter.from_config(config.limits, loop.time())
         self.shutting_down = False
         self.counters = {
             "connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0, "acl_denied": 0,
-            "refused_publishes": 0,
+            "refused_publishes": 0, "throttled": 0, "rate_disconnects": 0,
+            "subscription_quota": 0,
         }
         self._dirty: list[ClientProtocol] = []
         self._handlers: dict[int, Callable[[ClientProtocol, Any], None]] = {
@@ -95,6 +102,7 @@ class Broker:
             PacketType.UNSUBSCRIBE: self.on_unsubscribe,
             PacketType.DISCONNECT: self.on_disconnect,
         }
+        self.keeper.restore()
 
     def now(self) -> float:
         return self.loop.time()
@@ -126,6 +134,10 @@ class Broker:
             handlers[packet.type](client, packet)
 
     def on_connect(self, client: ClientProtocol, packet: Connect) -> None:
+        address = client.peer.rsplit(":", 1)[0]  # "host:port", IPv6 hosts included
+        if not self.connect_limiter.allow(address, self.loop.time()):
+            # Before any password check, so a connect storm costs no argon2 work.
+            return self._reject(client, ReasonCode.CONNECTION_RATE_EXCEEDED, "connect rate")
         if PropertyId.AUTHENTICATION_METHOD in packet.properties:
             # Enhanced authentication hook point (spec 4.12): no method is offered yet.
             return self._reject(client, ReasonCode.BAD_AUTHENTICATION_METHOD, "auth method")
@@ -193,6 +205,7 @@ class Broker:
         client.connected(keep_alive)
         log.debug("client connected client_id=%s version=%d present=%s clean=%s",
                   client_id, conn.version, session_present, packet.clean_start)
+        self.keeper.connected(session)
         session.attach(client, now)
 
     def _session_expiry(self, packet: Connect, v5: bool) -> int:
@@ -237,8 +250,58 @@ class Broker:
 
     def _new_session(self, client_id: str) -> Session:
         session = Session(client_id, self.config.session)
+        session.persistence = self.persistence
         self.sessions[client_id] = session
         return session
+
+    def restore_session(
+        self, client_id: str, expiry: int, username: str | None, will: Any,
+        subscriptions: dict[str, Subscription], cursor: list[int] | None,
+        detached_at: int | None,
+    ) -> None:
+        """Rebuild a stored session at start-up, offline, resuming from its log cursor.
+
+        A session that was connected when the broker stopped is offline from now: its will
+        and expiry run as for a lost connection. Messages from its cursor up to the end of the
+        log as found now may have reached it before: they come again with DUP set.
+        """
+        session = self._new_session(client_id)
+        session.expiry_interval = expiry
+        session.username = username
+        if self.acl is not None:
+            session.may_receive = partial(self.acl.can_receive, username, client_id)
+        for topic_filter, subscription in subscriptions.items():
+            self.router.subscribe(session, topic_filter, subscription)
+        persistence = self.persistence
+        if persistence is not None and cursor is not None and len(cursor) == len(
+            persistence.high_watermark
+        ):
+            session.follow_log()
+            catchup = session.catchup
+            if catchup is not None:
+                for entry in catchup.filters:
+                    entry.start = list(cursor)
+                catchup.dup_below = list(persistence.high_watermark)
+        now_ms = int(time.time() * 1000)
+        session.detached_at = detached_at if detached_at is not None else now_ms
+        offline = (now_ms - session.detached_at) / 1000
+        if will is not None:
+            delay = will.properties.get(PropertyId.WILL_DELAY_INTERVAL, 0)
+            remaining = max(0.0, min(delay, expiry) - offline)
+            session.will = will
+            session.will_handle = self.loop.call_later(remaining, self._publish_will, session, will)
+        if expiry != NEVER_EXPIRES:
+            remaining = expiry - offline
+            if remaining <= 0:
+                self._end_session(session, self.now())
+            else:
+                session.expiry_handle = self.loop.call_later(remaining, self._expire, session)
+
+    def close(self) -> None:
+        """After ``shutdown()``: finish the log's queued appends, then store the state."""
+        if self.persistence is not None:
+            self.persistence.close()
+        self.keeper.close()
 
     def _take_over(self, old: ClientProtocol) -> None:
         old.conn.send_disconnect(ReasonCode.SESSION_TAKEN_OVER)
@@ -274,15 +337,26 @@ class Broker:
     ) -> None:
         receivers = self.router.publish(message, now)
         qos = packet.qos
-        if not qos:
+        if message.retain:  # the retained store changed: acknowledge once that is on disk
+            stored = message if message.payload else None
+            self.keeper.retained(message.topic, stored, partial(
+                self._acknowledge, client, packet, receivers
+            ) if qos else None)
             return
+        if qos:
+            self._acknowledge(client, packet, receivers)
+
+    def _acknowledge(self, client: ClientProtocol, packet: Publish, receivers: int) -> None:
+        if client.gone:
+            return  # the publisher resends (DUP) on its next connection
         conn = client.conn
         code = 0 if receivers or conn.version != MQTT_5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
-        if qos == 1:
+        if packet.qos == 1:
             conn.send_puback(packet.packet_id, code)
         else:
             client.session.qos2_in.add(packet.packet_id)
             conn.send_pubrec(packet.packet_id, code)
+        client.wake()
 
     def _persist(self, client: ClientProtocol, packet: Publish, message: Message) -> None:
         """Append to the commit log; route and acknowledge only once durable."""
@@ -295,6 +369,9 @@ class Broker:
             session.qos2_pending.discard(packet.packet_id)
             if isinstance(outcome, BaseException):
                 return self._persist_failed(client, packet, outcome)
+            partition, offset = outcome  # type: ignore[misc]
+            message.set_position(partition, offset)
+            self.persistence.routed(partition, offset)  # type: ignore[union-attr]
             attached = session.client is client and not client.gone
             if attached:
                 self._route_and_ack(client, packet, message, self.loop.time())
@@ -368,10 +445,20 @@ class Broker:
             )
         codes: list[int] = []
         retained: list[tuple[str, Subscription]] = []
+        try:
+            replay = self._replay_request(packet)
+        except ReplayError as error:
+            log.info("replay refused client_id=%s why=%r", session.client_id, str(error))
+            refused = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+            client.conn.send_suback(packet.packet_id, [refused] * len(packet.subscriptions))
+            return
         for topic_filter, options in packet.subscriptions:
             try:
                 validate_topic_filter(topic_filter, cfg.max_topic_levels)
             except RemoteProtocolError:
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+                continue
+            if _too_long(topic_filter, self.config.limits.max_topic_bytes):
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID)
                 continue
             group, plain = parse_shared_filter(topic_filter)
@@ -395,16 +482,54 @@ class Broker:
                 continue
             if options.qos > cfg.max_qos:
                 options = replace(options, qos=cfg.max_qos)
+            if self._subscription_quota_full(session, topic_filter):
+                codes.append(ReasonCode.QUOTA_EXCEEDED)  # 3.1.1: 0x80 (send_suback maps it)
+                continue
             subscription = Subscription(options, sub_id)
             existed = self.router.subscribe(session, topic_filter, subscription)
             codes.append(options.qos)
+            if replay is not None and group is None:
+                session.replay(topic_filter, replay)  # history instead of retained messages
+                continue
             handling = options.retain_handling
             if group is None and (handling == 0 or (handling == 1 and not existed)):
                 retained.append((plain, subscription))  # MQTT-3.3.1-9, -10, -11
-        client.conn.send_suback(packet.packet_id, codes)
         log.debug("subscribed client_id=%s filters=%s codes=%s", session.client_id,
                   [f for f, _ in packet.subscriptions], codes)
-        self._send_retained(session, retained)
+
+        def stored() -> None:  # SUBACK once a persistent session's subscriptions are on disk
+            if client.gone:
+                return
+            client.conn.send_suback(packet.packet_id, codes)
+            self._send_retained(session, retained)
+            if replay is not None:
+                session.pump(self.loop.time())
+            client.wake()
+
+        self.keeper.subscriptions(session, [f for f, _ in packet.subscriptions], stored)
+
+    def _replay_request(self, packet: Subscribe) -> list[int] | None:
+        """Start offsets asked for with the ``meshmq-replay`` user property (docs/replay.md)."""
+        pairs = packet.properties.get(PropertyId.USER_PROPERTY) or ()
+        values = [value for name, value in pairs if name == REPLAY_PROPERTY]  # type: ignore[misc]
+        if not values:
+            return None
+        request = parse_replay(values[-1])
+        if request.kind == "latest":
+            return None
+        if self.persistence is None:
+            raise ReplayError("replay needs the commit log (log.enabled = true)")
+        return start_offsets(request, self.persistence)
+
+    def _subscription_quota_full(self, session: Session, topic_filter: str) -> bool:
+        """True if ``topic_filter`` would be one filter more than ``limits.max_subscriptions``."""
+        limit = self.config.limits.max_subscriptions
+        if not limit or topic_filter in session.subscriptions or len(session.subscriptions) < limit:
+            return False
+        self.counters["subscription_quota"] += 1
+        log.info("subscription refused, quota full client_id=%s filter=%r max=%d",
+                 session.client_id, topic_filter, limit)
+        return True
 
     def _send_retained(self, session: Session, retained: list[tuple[str, Subscription]]) -> None:
         now = self.loop.time()
@@ -413,9 +538,11 @@ class Broker:
             for message in self.router.retained_for(plain):
                 if message.expired(now):
                     self.router.retained.set(message.topic, None)
+                    self.keeper.retained(message.topic, None)
                     continue
                 qos = min(message.qos, subscription.options.qos)
-                session.deliver(message, qos, True, ids, now)  # MQTT-3.3.1-8: retain flag set
+                # MQTT-3.3.1-8: retain flag set; a copy, as it is not a live log record
+                session.deliver(message.unpositioned(), qos, True, ids, now)
 
     def on_unsubscribe(self, client: ClientProtocol, packet: Unsubscribe) -> None:
         codes = []
@@ -426,8 +553,15 @@ class Broker:
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID)
                 continue
             removed = self.router.unsubscribe(client.session, topic_filter)
+            client.session.forget_filter(topic_filter)
             codes.append(ReasonCode.SUCCESS if removed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
-        client.conn.send_unsuback(packet.packet_id, codes)
+
+        def stored() -> None:
+            if not client.gone:
+                client.conn.send_unsuback(packet.packet_id, codes)
+                client.wake()
+
+        self.keeper.subscriptions(client.session, list(packet.topic_filters), stored)
 
     # ------------------------------------------------------------------ disconnects
 
@@ -472,17 +606,22 @@ class Broker:
                 self._publish_will(session, will)
         if session.expiry_interval == 0:
             self._end_session(session, now)
-        elif session.expiry_interval != NEVER_EXPIRES:
+            return
+        if session.expiry_interval != NEVER_EXPIRES:
             session.expiry_handle = self.loop.call_later(
                 session.expiry_interval, self._expire, session
             )
+        self.keeper.detached(session)
 
     def _publish_will(self, session: Session, will: Any) -> None:
         session.will_handle = None
         session.will = None
         self.counters["wills"] += 1
         now = self.loop.time()
-        self.router.publish(Message.from_will(will, session.client_id, now), now)
+        message = Message.from_will(will, session.client_id, now)
+        self.router.publish(message, now)
+        if message.retain:
+            self.keeper.retained(message.topic, message if message.payload else None)
 
     def _expire(self, session: Session) -> None:
         session.expiry_handle = None
@@ -498,6 +637,7 @@ class Broker:
         self._cancel_timers(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            self.keeper.ended(session)
         self.router.drop_session(session, now)
 
     @staticmethod
@@ -523,3 +663,8 @@ class Broker:
             **self.router.statistics(),
             **self.counters,
         }
+
+
+def _too_long(topic_filter: str, limit: int) -> bool:
+    """True if ``topic_filter`` is over ``limit`` UTF-8 bytes (``limits.max_topic_bytes``)."""
+    return len(topic_filter) > limit // 4 and len(topic_filter.encode("utf-8")) > limit

@@ -13,6 +13,11 @@ from meshmq.mqtt.properties import Properties, PropertyId
 
 _EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
 
+# User properties that tell an MQTT 5 receiver where a persisted message sits in the commit log
+# (docs/replay.md): enough to resume from there later, on this broker or another.
+PARTITION_PROPERTY = "meshmq-partition"
+OFFSET_PROPERTY = "meshmq-offset"
+
 
 class Message:
     """A published application message (topic, payload, QoS, retain flag, 5.0 properties)."""
@@ -22,6 +27,7 @@ class Message:
         "_props_v5",
         "expires_at",
         "payload",
+        "position",
         "properties",
         "qos",
         "retain",
@@ -51,11 +57,28 @@ class Message:
         self.expires_at: float | None = None if expiry is None else now + expiry  # type: ignore[operator]
         self._frames: dict[tuple[int, bool], bytes] | None = None
         self._props_v5: bytes | None = None
+        self.position: tuple[int, int] | None = None  # (partition, offset) once in the log
+
+    def set_position(self, partition: int, offset: int) -> None:
+        """Record where the log stored this message; 5.0 receivers see it as user properties."""
+        self.position = (partition, offset)
+        pairs = list(self.properties.get(PropertyId.USER_PROPERTY, ()))  # type: ignore[arg-type]
+        pairs += [(PARTITION_PROPERTY, str(partition)), (OFFSET_PROPERTY, str(offset))]
+        self.properties = {**self.properties, PropertyId.USER_PROPERTY: pairs}
+        self._props_v5 = None
+        self._frames = None
 
     @classmethod
     def from_will(cls, will: Will, sender: str, now: float) -> Message:
         props = {k: v for k, v in will.properties.items() if k != PropertyId.WILL_DELAY_INTERVAL}
         return cls(will.topic, will.payload, will.qos, will.retain, props, sender, now)
+
+    def unpositioned(self) -> Message:
+        """A copy for a retained delivery: same payload, but not a live log record."""
+        copy = Message(self.topic, self.payload, self.qos, self.retain, self.properties,
+                       self.sender)
+        copy.expires_at = self.expires_at
+        return copy
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at

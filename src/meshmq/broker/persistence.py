@@ -64,6 +64,10 @@ class Persistence:
         self._lock = threading.Lock()
         self._scheduled = False
         self._cache: dict[str, bool] = {}
+        # Per partition, the offset after the last record routed to subscribers (catchup.py).
+        self.high_watermark = [
+            self.commit_log.next_offset(p) for p in range(self.commit_log.partition_count)
+        ]
 
     def wants(self, topic: str, qos: int) -> bool:
         """Is a publish on ``topic`` at ``qos`` persisted? (cached per topic)"""
@@ -90,6 +94,22 @@ class Persistence:
         except queue.Full:
             return False
         return True
+
+    def routed(self, partition: int, offset: int) -> None:
+        """The record at ``offset`` is being routed: advance that partition's high watermark."""
+        if offset >= self.high_watermark[partition]:
+            self.high_watermark[partition] = offset + 1
+
+    def earliest_offsets(self) -> list[int]:
+        return [self.commit_log.earliest_offset(p) for p in range(len(self.high_watermark))]
+
+    def offsets_for_timestamp(self, timestamp_ms: int) -> list[int]:
+        """Per partition, the first routed offset at or after ``timestamp_ms``."""
+        offsets = []
+        for partition, high in enumerate(self.high_watermark):
+            found = self.commit_log.offset_for_timestamp(partition, timestamp_ms)
+            offsets.append(high if found is None else min(found, high))
+        return offsets
 
     def _completed(self, done: Completion, outcome: AppendResult | BaseException) -> None:
         """On the writer thread: queue the completion, wake the loop once per burst."""

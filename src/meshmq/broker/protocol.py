@@ -2,9 +2,19 @@
 
 Bytes in go to the sans-I/O connection, its events go to the broker, and its output is written
 once per batch: immediately after the packets of one read were handled, and for deliveries
-caused by other connections once per loop turn (``Broker.schedule_flush``). The transport's
-write-buffer watermarks drive ``congested``, which sessions read to stop sending to a client
-that does not keep up; ``resume_writing`` pumps its queue again.
+caused by other connections once per loop turn (``Broker.schedule_flush``).
+
+Flow control, both ways, without dropping anything that was acknowledged:
+
+* Out: ``congested`` is true while the transport's buffer is past its high watermark or this
+  turn's pending output already is; sessions then queue (bounded, drops counted) instead of
+  writing, and ``resume_writing`` (or the flush that emptied the output) pumps them again. If
+  the buffer still grows past ``WRITE_HARD_LIMIT`` (the client sends requests but does not
+  read our answers), reading pauses until it drains.
+* In: with per-client rate limits (``limits.client_*``), a ``ClientThrottle`` decides which
+  packets of a read the broker gets now; the rest wait here while reading is paused (TCP
+  backpressure), and a client that stays throttled for ``limits.throttle_timeout`` seconds is
+  disconnected (5.0: DISCONNECT 0x96 Message rate too high).
 """
 
 from __future__ import annotations
@@ -13,8 +23,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from meshmq.broker.certauth import certify
+from meshmq.broker.ratelimit import ClientThrottle
 from meshmq.mqtt.connection import ServerConnection
-from meshmq.mqtt.packets import Packet
+from meshmq.mqtt.packets import Packet, PacketType
 from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -25,6 +37,8 @@ log = logging.getLogger("meshmq.connection")
 
 WRITE_HIGH_WATER = 512 * 1024
 WRITE_LOW_WATER = 128 * 1024
+WRITE_HARD_LIMIT = 4 * WRITE_HIGH_WATER  # beyond it, stop reading a client that does not read
+TURN_PACKETS = 1000  # packets parsed per connection per loop turn, so no client hogs the loop
 
 
 class ClientProtocol(asyncio.Protocol):
@@ -38,8 +52,10 @@ class ClientProtocol(asyncio.Protocol):
             receive_maximum=mqtt.receive_maximum,
             topic_alias_maximum=mqtt.topic_alias_maximum,
             max_topic_levels=mqtt.max_topic_levels,
+            max_topic_bytes=broker.config.limits.max_topic_bytes,
             max_qos=mqtt.max_qos,
             retain_available=mqtt.retain_available,
+            max_events=TURN_PACKETS,
         )
         self.transport: asyncio.Transport | None = None
         self.session: Session = None  # type: ignore[assignment]  # set by CONNECT
@@ -48,7 +64,12 @@ class ClientProtocol(asyncio.Protocol):
         self.rejected = False
         self.gone = False  # the socket is closed; late callbacks must leave this client alone
         self.held: list[Packet] | None = None  # packets waiting for CONNECT authentication
-        self.congested = False
+        self.throttle: ClientThrottle | None = None  # inbound rate limits, from CONNACK on
+        self._write_paused = False
+        self._read_pauses: set[str] = set()  # why reading is paused by flow control
+        self._waiting: list[Packet] = []  # packets held back by the throttle
+        self._resume_handle: asyncio.TimerHandle | None = None
+        self.identity: str | None = None  # user name the transport proved (mTLS certificate CN)
         self._dirty = False
         self._keep_alive = 0.0
         self._last_read = 0.0
@@ -68,11 +89,18 @@ class ClientProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
-        self._last_read = self.broker.loop.time()
+        self._last_read = now = self.broker.loop.time()
         conn.receive_data(data)
         events = conn.events_received()
+        if self.throttle is not None:
+            self.throttle.charge_bytes(len(data), now)
+            if not events:
+                self._dispatch(events, now)  # a byte flood of partial packets pauses too
         if events:
-            self.broker.handle_events(self, events)
+            if self.identity is not None and events[0].type is PacketType.CONNECT:
+                events[0] = certify(events[0], self.identity)  # type: ignore[arg-type]
+            self._dispatch(events, now)
+        self._schedule_next_turn()
         if conn.error is not None and not self.rejected:
             self._log_protocol_error()
         self.flush()
@@ -80,11 +108,16 @@ class ClientProtocol(asyncio.Protocol):
             self.close()
 
     def eof_received(self) -> bool:
+        self._drain_input()
         self.conn.receive_eof()
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
+        self._waiting = []
+        if self._resume_handle is not None:
+            self._resume_handle.cancel()
+            self._resume_handle = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -92,10 +125,11 @@ class ClientProtocol(asyncio.Protocol):
         self.broker.connection_lost(self)
 
     def pause_writing(self) -> None:
-        self.congested = True
+        self._write_paused = True
 
     def resume_writing(self) -> None:
-        self.congested = False
+        self._write_paused = False
+        self._resume_reading("backlog")
         if self.session is not None and self.session.client is self:
             self.session.pump(self.broker.loop.time())
 
@@ -128,11 +162,28 @@ class ClientProtocol(asyncio.Protocol):
             self._dirty = True
             self.broker.schedule_flush(self)
 
+    @property
+    def congested(self) -> bool:
+        """Deliveries must wait: the socket buffer, or this turn's output, is full enough."""
+        return self._write_paused or self.conn.pending_output >= WRITE_HIGH_WATER
+
     def flush(self) -> None:
         self._dirty = False
-        data = self.conn.data_to_send()
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        conn = self.conn
+        was_full = conn.pending_output >= WRITE_HIGH_WATER
+        data = conn.data_to_send()
+        transport = self.transport
+        if data and transport is not None and not transport.is_closing():
+            transport.write(data)
+            buffered = transport.get_write_buffer_size()
+            if buffered > WRITE_HARD_LIMIT and "backlog" not in self._read_pauses:
+                # Answers pile up unread: take no more requests until the client reads.
+                log.info("client does not read, reading paused client_id=%s peer=%s"
+                         " buffered=%d", self.client_id or "-", self.peer, buffered)
+                self._pause_reading("backlog")
+        if was_full and not self._write_paused and self.session is not None \
+                and self.session.client is self:
+            self.session.pump(self.broker.loop.time())  # congested by this turn's output only
 
     def close(self) -> None:
         """Write what is pending, then close the socket."""
@@ -147,6 +198,8 @@ class ClientProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        broker = self.broker
+        self.throttle = ClientThrottle.from_config(broker.config.limits, broker.loop.time())
         if keep_alive:
             self._keep_alive = keep_alive * 1.5  # MQTT-3.1.2-24
             self._timer = self.broker.loop.call_later(self._keep_alive, self._check_keep_alive)
@@ -166,6 +219,127 @@ class ClientProtocol(asyncio.Protocol):
             self.close()
             return
         self._timer = loop.call_later(self._keep_alive - idle, self._check_keep_alive)
+
+    # ------------------------------------------------------------------ inbound flow control
+
+    def _dispatch(self, events: list[Packet], now: float, fresh: bool = True) -> bool:
+        """Hand ``events`` to the broker as far as the throttle allows; True if reading must
+        stay paused (the rest wait in ``_waiting``). ``fresh``: they come from a new read."""
+        throttle = self.throttle
+        if throttle is None:
+            self.broker.handle_events(self, events)
+            return False
+        ready = throttle.admit(events, now)
+        if ready:
+            self.broker.handle_events(self, events if ready == len(events) else events[:ready])
+        if self.conn.closed or self.rejected or self.gone:
+            return False
+        waiting = events[ready:]
+        if not throttle.must_wait(len(waiting), now):
+            if fresh:
+                throttle.read_without_pause()
+            return False
+        if throttle.flooding(now):
+            self._flooded(throttle)
+            return False
+        throttle.start_pause(now)
+        counters = self.broker.counters
+        counters["throttled"] = counters.get("throttled", 0) + 1
+        self._waiting = waiting
+        self._pause_reading("rate")
+        delay = throttle.wait_time(len(waiting), now)
+        self._resume_handle = self.broker.loop.call_later(delay, self._resume)
+        return True
+
+    def _resume(self) -> None:
+        """The throttle's pause is over: hand on what waited, then read again if allowed."""
+        self._resume_handle = None
+        if self.gone:
+            return
+        now = self.broker.loop.time()
+        self._last_read = now  # we held the client back; it was not idle
+        waiting, self._waiting = self._waiting, []
+        if not self._dispatch(waiting, now, fresh=False):
+            self._schedule_next_turn()  # read data not parsed yet goes first
+            self._resume_reading("rate")
+        self.flush()
+        if self.conn.closed:
+            self.close()
+
+    def _schedule_next_turn(self) -> None:
+        """Parsing stopped at ``TURN_PACKETS``: let other clients run, continue next turn."""
+        if self.conn.input_pending and self._resume_handle is None and not self.gone \
+                and "turn" not in self._read_pauses:
+            self._pause_reading("turn")
+            self.broker.loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        if self.gone:
+            return
+        conn = self.conn
+        conn.receive_data(b"")  # the next slice of what was already read
+        events = conn.events_received()
+        if events:
+            self._dispatch(events, self.broker.loop.time(), fresh=False)
+        if conn.input_pending and self._resume_handle is None:
+            self.broker.loop.call_soon(self._next_turn)  # reading stays paused
+        else:  # all parsed, or throttled (its pause holds reading; ``_resume`` continues)
+            self._resume_reading("turn")
+        if conn.error is not None and not self.rejected:
+            self._log_protocol_error()
+        self.flush()
+        if conn.closed:
+            self.close()
+
+    def _drain_input(self) -> None:
+        """At EOF: handle everything already read (held back or not yet parsed) at once; it
+        is at most one read, and dropping it would lose what the client sent before leaving."""
+        if self.gone or not (self._waiting or self.conn.input_pending):
+            return
+        if self._resume_handle is not None:
+            self._resume_handle.cancel()
+            self._resume_handle = None
+        conn = self.conn
+        events, self._waiting = self._waiting, []
+        conn.max_events = 0
+        conn.receive_data(b"")
+        events += conn.events_received()
+        if events and not self.rejected:
+            self.broker.handle_events(self, events)
+        self.flush()
+
+    def _flooded(self, throttle: ClientThrottle) -> None:
+        """Still over its rate after ``throttle_timeout`` seconds of throttling: disconnect.
+
+        What waited is dropped unacknowledged, so a QoS 1/2 sender resends it after
+        reconnecting; nothing it was told is stored is lost.
+        """
+        counters = self.broker.counters
+        counters["rate_disconnects"] = counters.get("rate_disconnects", 0) + 1
+        log.warning(
+            "client over its rate limit for %gs, disconnecting client_id=%s peer=%s pauses=%d",
+            throttle.max_throttle, self.client_id, self.peer, throttle.throttles,
+        )
+        self._waiting = []
+        self.rejected = True
+        self.conn.send_disconnect(ReasonCode.MESSAGE_RATE_TOO_HIGH)
+        self.close()
+
+    def _pause_reading(self, reason: str) -> None:
+        transport = self.transport
+        if not self._read_pauses and transport is not None and not transport.is_closing():
+            transport.pause_reading()
+        self._read_pauses.add(reason)
+
+    def _resume_reading(self, reason: str) -> None:
+        if reason not in self._read_pauses:
+            return
+        self._read_pauses.discard(reason)
+        transport = self.transport
+        if self._read_pauses or self.held is not None or self.gone or transport is None:
+            return
+        if not transport.is_closing():
+            transport.resume_reading()
 
     def _log_protocol_error(self) -> None:
         error = self.conn.error

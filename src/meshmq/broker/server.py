@@ -7,13 +7,14 @@ import ipaddress
 import logging
 import os
 import signal
-import socket
 from pathlib import Path
 
 from meshmq.auth.acl import ACLFileError
 from meshmq.auth.passwords import PasswordFileError
 from meshmq.broker.broker import Broker
-from meshmq.broker.protocol import ClientProtocol
+from meshmq.broker.listeners import ListenerError, Listeners
+from meshmq.broker.statestore import StateError
+from meshmq.broker.tls import TLSConfigError
 from meshmq.config import BrokerConfig
 from meshmq.log.errors import LogConfigError, LogError
 
@@ -27,41 +28,44 @@ class BrokerServer:
         self.config = config
         self.broker: Broker | None = None
         self.port = 0
-        self._server: asyncio.base_events.Server | None = None
+        self.listeners: Listeners | None = None
 
     async def start(self) -> None:
         cfg = self.config.server
         loop = asyncio.get_running_loop()
         Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
         self.broker = Broker(self.config, loop)
-        broker = self.broker
-        if self.config.auth.allow_anonymous and not _is_loopback(cfg.bind):
+        listeners = self.listeners = Listeners(self.config, self.broker)
+        wide = [bind for bind in listeners.binds() if not _is_loopback(bind)]
+        if self.config.auth.allow_anonymous and wide:
             log.warning(
                 "ANONYMOUS ACCESS IS ON while listening beyond loopback bind=%s: any client may"
-                " connect; set auth.password_file (and auth.anonymous = \"deny\")", cfg.bind,
+                " connect; set auth.password_file (and auth.anonymous = \"deny\")", wide[0],
             )
-        self._server = await loop.create_server(
-            lambda: ClientProtocol(broker), cfg.bind, cfg.port, reuse_address=True, backlog=4096
-        )
-        for sock in self._server.sockets:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("listening bind=%s port=%d data_dir=%s", cfg.bind, self.port, cfg.data_dir)
+        await listeners.start()
+        self.port = listeners.port("tcp")
+        log.info("listening bind=%s port=%d %sdata_dir=%s", cfg.bind, self.port,
+                 f"{listeners.describe()} " if listeners.describe() else "", cfg.data_dir)
         if cfg.port_file:
             tmp = f"{cfg.port_file}.tmp"
-            Path(tmp).write_text(f"{self.port}\n")
+            Path(tmp).write_text(listeners.port_file_text())
             os.replace(tmp, cfg.port_file)  # readers never see a half-written file
 
+    def reload(self) -> None:
+        """SIGHUP: re-read the TLS certificate files (existing connections are kept)."""
+        log.info("SIGHUP: reloading")
+        if self.listeners is not None:
+            self.listeners.reload_tls()
+
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self.listeners is not None:
+            self.listeners.close()
         if self.broker is not None:
             self.broker.shutdown()
-        if self._server is not None:
-            await self._server.wait_closed()
-        if self.broker is not None and self.broker.persistence is not None:
-            self.broker.persistence.close()
+        if self.listeners is not None:
+            await self.listeners.wait_closed()
+        if self.broker is not None:
+            self.broker.close()
         log.info("stopped")
 
 
@@ -79,11 +83,17 @@ async def serve(config: BrokerConfig) -> int:
     server = BrokerServer(config)
     try:
         await server.start()
-    except (PasswordFileError, ACLFileError, LogConfigError) as exc:
+    except (PasswordFileError, ACLFileError, LogConfigError, TLSConfigError) as exc:
         log.error("%s", exc)
         return 2
+    except ListenerError as exc:
+        log.error("%s", exc)
+        return 1
     except LogError as exc:
         log.error("cannot open the commit log: %s (see `meshmq log verify`)", exc)
+        return 1
+    except StateError as exc:
+        log.error("cannot read the broker state: %s", exc)
         return 1
     except OSError as exc:
         log.error("cannot listen bind=%s port=%d error=%r", config.server.bind,
@@ -93,6 +103,7 @@ async def serve(config: BrokerConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.reload)
     await stop.wait()
     log.info("shutting down")
     await server.stop()

@@ -19,6 +19,10 @@ overflow the configured policy drops the oldest or the newest entry and counts i
 On reconnect ``attach()`` resends every inflight PUBLISH with DUP set, and PUBREL for those
 already at PUBREC, before anything new (MQTT-4.4.0-1), then pumps the queue.
 
+Persisted messages (those with a log position) need no copies: when a persistent session goes
+offline, or its queue overflows, it switches to a ``CatchUp`` cursor (broker/catchup.py) and
+later reads what it missed from the commit log, in order, a chunk at a time as its queue drains.
+
 Inbound QoS 2 uses "method B" (spec 4.3.3): the message is routed when the PUBLISH arrives and
 its packet id is remembered until PUBREL, so a resent PUBLISH is acknowledged, not re-routed.
 """
@@ -26,18 +30,23 @@ its packet id is remembered until PUBREL, so a resent PUBLISH is acknowledged, n
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
+from meshmq.broker.catchup import CatchUp
 from meshmq.broker.message import Message
 from meshmq.mqtt.codec import encode_properties, encode_publish
 from meshmq.mqtt.packets import MQTT_5, SubscriptionOptions, Will
 from meshmq.mqtt.properties import PropertyId
 from meshmq.mqtt.reason_codes import ReasonCode
+from meshmq.mqtt.topics import parse_shared_filter, topic_matches
 
 if TYPE_CHECKING:
+    from meshmq.broker.persistence import Persistence
     from meshmq.config import SessionConfig
     from meshmq.mqtt.connection import ServerConnection
 
@@ -57,7 +66,9 @@ class ClientLink(Protocol):
 
 
 SharedKey = tuple[str, str]  # (share name, topic filter)
-QueueEntry = tuple[Message, int, bool, "list[int] | None", "SharedKey | None"]
+QueueEntry = tuple[Message, int, bool, "list[int] | None", "SharedKey | None", bool]
+
+CATCHUP_QUEUE = 1000  # a catch-up refills the queue up to this many messages
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,14 +101,17 @@ class Session:
     __slots__ = (
         "_next_packet_id",
         "_unsent",
+        "catchup",
         "client",
         "client_id",
+        "detached_at",
         "dropped",
         "expiry_handle",
         "expiry_interval",
         "inflight",
         "limits",
         "may_receive",
+        "persistence",
         "qos2_in",
         "qos2_pending",
         "queue",
@@ -127,6 +141,9 @@ class Session:
         self.username: str | None = None
         self.may_receive: Callable[[str], bool] | None = None  # ACL read check, when ACLs are on
         self._unsent = 0  # inflight PUBLISHes not yet resent on the current connection
+        self.persistence: Persistence | None = None  # the commit log, when persistence is on
+        self.catchup: CatchUp | None = None  # reading persisted messages from the log
+        self.detached_at: int | None = None  # wall clock ms when it went offline
 
     # ------------------------------------------------------------------ delivery
 
@@ -137,32 +154,44 @@ class Session:
         """Send or queue one message for this session (``group``: via that shared group)."""
         if self.may_receive is not None and not self.may_receive(message.topic):
             return  # ACL: this client may not read that topic
+        catchup = self.catchup
+        if (catchup is not None and group is None and message.position is not None
+                and catchup.covers(message.topic, message.position)):
+            if self.client is not None and not self.queue:
+                self.pump(now)  # idle: let the catch-up read it now
+            return  # the catch-up reads it from the log, in order
+        self._deliver(message, qos, retain, subscription_ids, now, group, False)
+
+    def _deliver(
+        self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None,
+        now: float, group: SharedKey | None, dup: bool,
+    ) -> None:
         client = self.client
         if client is None:
             if qos or self.limits.queue_qos0:
-                self._enqueue((message, qos, retain, subscription_ids, group))
+                self._enqueue((message, qos, retain, subscription_ids, group, dup))
             return
         if not qos:
             if client.congested:  # wait in the bounded queue; its policy drops when full
-                self._enqueue((message, 0, retain, subscription_ids, group))
+                self._enqueue((message, 0, retain, subscription_ids, group, dup))
             else:
                 self._send(client, message, 0, retain, subscription_ids, None, False, now)
             return
         if self.queue or client.congested or len(self.inflight) >= self._window(client):
-            self._enqueue((message, qos, retain, subscription_ids, group))
+            self._enqueue((message, qos, retain, subscription_ids, group, dup))
             return
-        self._send_inflight(client, message, qos, retain, subscription_ids, now, group)
+        self._send_inflight(client, message, qos, retain, subscription_ids, now, group, dup)
 
     def _window(self, client: ClientLink) -> int:
         return min(client.conn.client_receive_maximum, self.limits.max_inflight_messages)
 
     def _send_inflight(
         self, client: ClientLink, message: Message, qos: int, retain: bool,
-        subscription_ids: list[int] | None, now: float, group: SharedKey | None,
+        subscription_ids: list[int] | None, now: float, group: SharedKey | None, dup: bool,
     ) -> None:
         packet_id = self._allocate_packet_id()
         self.inflight[packet_id] = Outbound(message, qos, retain, subscription_ids, group)
-        if not self._send(client, message, qos, retain, subscription_ids, packet_id, False, now):
+        if not self._send(client, message, qos, retain, subscription_ids, packet_id, dup, now):
             del self.inflight[packet_id]  # too large for the client: behave as delivered
 
     def _send(
@@ -209,6 +238,12 @@ class Session:
             self._count_drop("message larger than the whole queue")
             return
         queue = self.queue
+        full = queue and (
+            len(queue) >= limits.max_queued_messages
+            or self.queued_bytes + size > limits.max_queued_bytes
+        )
+        if full and self._fall_back_to_log(entry[0], entry[4]):
+            return
         while queue and (
             len(queue) >= limits.max_queued_messages
             or self.queued_bytes + size > limits.max_queued_bytes
@@ -239,19 +274,123 @@ class Session:
             self._resend(client, window, now)
             if self._unsent:
                 return
+        if self._drain_queue(client, window, now) and self.catchup is not None:
+            self._catch_up(client, window, now)
+
+    def _drain_queue(self, client: ClientLink, window: int, now: float) -> bool:
+        """Send queued messages while the window allows; True if the queue emptied."""
         queue = self.queue
         while queue and not client.congested:
-            message, qos, retain, subscription_ids, group = queue[0]
+            message, qos, retain, subscription_ids, group, dup = queue[0]
             if qos and len(self.inflight) >= window:
-                return
+                return False
             queue.popleft()
             self.queued_bytes -= message.size
             if message.expired(now):
                 continue  # MQTT-3.3.2-5
             if qos:
-                self._send_inflight(client, message, qos, retain, subscription_ids, now, group)
+                self._send_inflight(
+                    client, message, qos, retain, subscription_ids, now, group, dup
+                )
             else:
                 self._send(client, message, 0, retain, subscription_ids, None, False, now)
+        return not queue and not client.congested
+
+    # ------------------------------------------------------------------ the log cursor
+
+    def _catch_up(self, client: ClientLink, window: int, now: float) -> None:
+        """Feed the window from the log while there is room; go live when caught up."""
+        catchup = self.catchup
+        while catchup is not None:
+            before = catchup.cursor()
+            catchup.step(
+                CATCHUP_QUEUE, self.subscriptions, partial(self._deliver_replayed, now), now
+            )
+            if catchup.finished:
+                self.catchup = None
+                if catchup.lost:
+                    log.warning("catch-up finished with records lost to retention "
+                                "client_id=%s lost=%d", self.client_id, catchup.lost)
+                return
+            if not self._drain_queue(client, window, now) or catchup.cursor() == before:
+                return  # wait for acknowledgements (pump() calls again) or for new records
+
+    def _deliver_replayed(
+        self, now: float, message: Message, subscription: Subscription, dup: bool
+    ) -> bool:
+        options = subscription.options
+        if options.no_local and message.sender == self.client_id:
+            return True  # MQTT-3.8.3-3
+        limits = self.limits
+        if self.queue and (len(self.queue) >= min(CATCHUP_QUEUE, limits.max_queued_messages)
+                           or self.queued_bytes + message.size > limits.max_queued_bytes):
+            return False  # no room now: read it again when the queue drains
+        ids = None if subscription.subscription_id is None else [subscription.subscription_id]
+        qos = min(options.qos, message.qos)
+        retain = message.retain and options.retain_as_published
+        self._deliver(message, qos, retain, ids, now, None, dup)
+        return True
+
+    def follow_log(self, topic_filters: list[str] | None = None) -> None:
+        """Stop taking copies of persisted messages on these filters (default: all plain
+        subscriptions) and read them from the log from now on."""
+        persistence = self.persistence
+        if persistence is None:
+            return
+        catchup = self.catchup
+        if catchup is None:
+            catchup = self.catchup = CatchUp(persistence)
+        present = {f.topic_filter for f in catchup.filters}
+        filters = topic_filters if topic_filters is not None else plain_filters(self)
+        for topic_filter in filters:
+            if topic_filter not in present:
+                catchup.add(topic_filter, None, list(persistence.high_watermark))
+
+    def replay(self, topic_filter: str, start: list[int]) -> None:
+        """Deliver ``topic_filter``'s persisted messages from ``start`` (per partition) on."""
+        persistence = self.persistence
+        if persistence is None:
+            return
+        if self.catchup is None:
+            self.catchup = CatchUp(persistence)
+        self.catchup.add(topic_filter, None, start)
+
+    def forget_filter(self, topic_filter: str) -> None:
+        catchup = self.catchup
+        if catchup is not None:
+            catchup.filters = [f for f in catchup.filters if f.topic_filter != topic_filter]
+            if not catchup.filters:
+                self.catchup = None
+
+    def _fall_back_to_log(self, message: Message, group: SharedKey | None) -> bool:
+        """The queue is full: if ``message`` is persisted, follow the log instead of dropping."""
+        position = message.position
+        if position is None or group is not None or self.persistence is None:
+            return False
+        self.follow_log()
+        catchup = self.catchup
+        assert catchup is not None
+        partition, offset = position
+        for f in catchup.filters:
+            if topic_matches(f.topic_filter, message.topic):
+                f.start[partition] = min(f.start[partition], offset)
+        return catchup.covers(message.topic, position)
+
+    def log_cursor(self) -> list[int] | None:
+        """Per partition, the first offset this session may still need (None: no log)."""
+        persistence = self.persistence
+        if persistence is None:
+            return None
+        cursor = self.catchup.cursor() if self.catchup is not None else list(
+            persistence.high_watermark
+        )
+        pending = [out.message for out in self.inflight.values() if out.group is None]
+        pending += [entry[0] for entry in self.queue if entry[4] is None]
+        for message in pending:
+            position = message.position
+            if position is not None and position[1] < cursor[position[0]]:
+                cursor[position[0]] = position[1]
+        return cursor
 
     # ------------------------------------------------------------------ acknowledgements
 
@@ -293,6 +432,7 @@ class Session:
         new connection's Receive Maximum allows (MQTT-4.9.0-2), before anything queued.
         """
         self.client = client
+        self.detached_at = None
         for packet_id, outbound in self.inflight.items():
             outbound.sent = outbound.released
             if outbound.released:
@@ -320,6 +460,9 @@ class Session:
 
     def detach(self) -> None:
         self.client = None
+        self.detached_at = int(time.time() * 1000)
+        if self.expiry_interval:
+            self.follow_log()  # offline: read what is missed from the log, not copies
 
     def take_shared(self) -> list[tuple[SharedKey, Message, int]]:
         """Remove and return the unacknowledged messages that came through shared groups.
@@ -331,6 +474,7 @@ class Session:
             if out.group is not None and not out.released
         ]
         taken += [(entry[4], entry[0], entry[1]) for entry in self.queue if entry[4] is not None]
+        self.catchup = None
         self.inflight.clear()
         self._unsent = 0
         self.queue.clear()
@@ -345,3 +489,8 @@ class Session:
             "queued_bytes": self.queued_bytes,
             "dropped": self.dropped,
         }
+
+
+def plain_filters(session: Session) -> list[str]:
+    """The session's non-shared subscription filters (shared groups are not replayed)."""
+    return [f for f in session.subscriptions if parse_shared_filter(f)[0] is None]

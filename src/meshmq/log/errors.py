@@ -34,7 +34,8 @@ class CorruptSegment(LogError):
     """A segment is damaged in a way recovery refuses to repair by dropping data.
 
     ``path`` is the ``.log`` file and ``position`` the byte where the first bad batch starts.
-    An operator must restore the file (from a replica or a backup) or truncate it by hand.
+    An operator restores the file (from a replica or a backup) or runs ``meshmq log repair``,
+    which removes only the damaged batches and reports the offsets lost.
     """
 
     def __init__(self, path: Path | str, position: int, reason: str) -> None:

@@ -85,6 +85,10 @@ _CONNACK_CODES = frozenset(
      0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F}
 )
 
+# Public names for the connection, which must never send a code its packet cannot carry.
+CONNACK_REASON_CODES = _CONNACK_CODES
+DISCONNECT_REASON_CODES = _DISCONNECT_CODES
+
 
 # --------------------------------------------------------------------------- primitives
 

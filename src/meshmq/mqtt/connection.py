@@ -25,8 +25,14 @@ from __future__ import annotations
 
 from enum import Enum
 
+from meshmq.mqtt.codec import (
+    CONNACK_REASON_CODES,
+    DISCONNECT_REASON_CODES,
+    encode_packet,
+    frame_length_hint,
+    parse_fixed_header,
+)
 from meshmq.mqtt.codec import decode_packet as _decode_packet
-from meshmq.mqtt.codec import encode_packet, frame_length_hint, parse_fixed_header
 from meshmq.mqtt.errors import InsufficientData, LocalProtocolError, RemoteProtocolError
 from meshmq.mqtt.packets import (
     MQTT_5,
@@ -77,6 +83,7 @@ class ServerConnection:
         "_aliases_out",
         "_buffer",
         "_events",
+        "_more",
         "_need",
         "_out",
         "_out_bytes",
@@ -87,8 +94,10 @@ class ServerConnection:
         "client_topic_alias_maximum",
         "connect",
         "error",
+        "max_events",
         "max_packet_size",
         "max_qos",
+        "max_topic_bytes",
         "max_topic_levels",
         "outgoing_alias_maximum",
         "problem_information",
@@ -106,8 +115,10 @@ class ServerConnection:
         receive_maximum: int = 65535,
         topic_alias_maximum: int = 65535,
         max_topic_levels: int = 128,
+        max_topic_bytes: int = 65535,
         max_qos: int = 2,
         retain_available: bool = True,
+        max_events: int = 0,
     ) -> None:
         self.state = AWAIT_CONNECT
         self.version = MQTT_311
@@ -115,8 +126,10 @@ class ServerConnection:
         self.receive_maximum = receive_maximum
         self.topic_alias_maximum = topic_alias_maximum
         self.max_topic_levels = max_topic_levels
+        self.max_topic_bytes = max_topic_bytes
         self.max_qos = max_qos
         self.retain_available = retain_available
+        self.max_events = max_events  # packets parsed per receive_data() call; 0 = all
         self.connect: Connect | None = None
         self.error: RemoteProtocolError | None = None
         self.client_max_packet_size = UNLIMITED
@@ -126,6 +139,7 @@ class ServerConnection:
         self.problem_information = True
         self._buffer: list[bytes] = []
         self._need = 0
+        self._more = False
         self._events: list[Packet] = []
         self._out: list[bytes] = []
         self._out_bytes = 0
@@ -140,10 +154,17 @@ class ServerConnection:
     def closed(self) -> bool:
         return self.state is CLOSED
 
+    @property
+    def input_pending(self) -> bool:
+        """Parsing stopped at ``max_events`` with complete packets left: call
+        ``receive_data(b"")`` (later, e.g. next loop turn) to parse the next slice."""
+        return self._more and self.state is not CLOSED
+
     def receive_data(self, data: bytes) -> None:
         """Parse ``data``; then call ``events_received()`` and ``data_to_send()``."""
         if self.state is CLOSED:
             return
+        self._more = False
         if self._buffer:
             self._buffer.append(data)
             self._need -= len(data)
@@ -157,7 +178,15 @@ class ServerConnection:
             if self.state is AWAIT_CONNECT and data and data[0] != 0x10:
                 # MQTT-3.1.0-1: anything else (HTTP, TLS, noise) is refused at its first byte
                 raise RemoteProtocolError(f"first byte 0x{data[0]:02X} is not CONNECT")
+            limit = self.max_events
+            parsed = 0
             while pos < end:
+                if parsed == limit:  # never true for limit 0
+                    self._buffer = [data[pos:end]]  # parsed on the next call
+                    self._need = 0
+                    self._more = True
+                    return
+                parsed += 1
                 try:
                     first, start, stop = parse_fixed_header(data, pos, end)
                 except InsufficientData:
@@ -236,6 +265,7 @@ class ServerConnection:
             self.problem_information = props.get(PropertyId.REQUEST_PROBLEM_INFORMATION, 1) == 1
         if packet.will is not None:
             validate_topic_name(packet.will.topic, self.max_topic_levels)  # MQTT-3.1.3-11
+            self._check_topic_bytes(packet.will.topic)
             if packet.will.qos > self.max_qos:
                 raise RemoteProtocolError("will QoS not supported", ReasonCode.QOS_NOT_SUPPORTED)
             if packet.will.retain and not self.retain_available:
@@ -254,6 +284,7 @@ class ServerConnection:
         if not topic:
             raise RemoteProtocolError("empty topic name", ReasonCode.TOPIC_NAME_INVALID)
         validate_topic_name(topic, self.max_topic_levels)  # MQTT-3.3.2-2
+        self._check_topic_bytes(topic)
         qos = packet.qos
         if qos > self.max_qos:
             raise RemoteProtocolError(f"QoS {qos} not supported", ReasonCode.QOS_NOT_SUPPORTED)
@@ -271,6 +302,14 @@ class ServerConnection:
             raise RemoteProtocolError(
                 "client exceeded our receive maximum", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
             )  # MQTT-3.3.4-7
+
+    def _check_topic_bytes(self, topic: str) -> None:
+        """Our configured topic length limit (a server may refuse a topic, spec 4.7.3)."""
+        limit = self.max_topic_bytes
+        if len(topic) > limit // 4 and len(topic.encode("utf-8")) > limit:
+            raise RemoteProtocolError(
+                f"topic name longer than {limit} bytes", ReasonCode.TOPIC_NAME_INVALID
+            )
 
     def _resolve_alias(self, packet: Publish, alias: int) -> None:
         if alias > self.topic_alias_maximum:
@@ -300,12 +339,18 @@ class ServerConnection:
         self._buffer = []
         code = exc.reason_code
         if self.state is AWAIT_CONNECT or self.state is CONNECTING:
+            # The CONNECT is refused here: the broker must not act on it nor on what follows.
+            self._events = []
             connect = self.connect
             if connect is not None and connect.protocol_level == MQTT_5:
+                if code not in CONNACK_REASON_CODES:  # e.g. 0x94 from a PUBLISH sent early
+                    code = ReasonCode.PROTOCOL_ERROR
                 self._out.append(encode_packet(Connack(False, code), MQTT_5))
             elif code in (ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,):
                 self._out.append(encode_packet(Connack(False, connack_code_311(code)), MQTT_311))
         elif self.version == MQTT_5:
+            if code not in DISCONNECT_REASON_CODES:  # e.g. 0x84 from a second CONNECT
+                code = ReasonCode.PROTOCOL_ERROR
             self._out.append(encode_packet(Disconnect(code), MQTT_5))
         self.state = CLOSED
 
@@ -351,7 +396,13 @@ class ServerConnection:
         self, reason_code: int = 0, session_present: bool = False,
         properties: Properties | None = None,
     ) -> None:
-        """Answer the CONNECT; a failure code closes the connection."""
+        """Answer the CONNECT; a failure code closes the connection.
+
+        A no-op once the connection is CLOSED (a late verdict for a peer that already broke
+        the protocol or went away: it was answered, if at all, when it failed).
+        """
+        if self.state is CLOSED:
+            return
         if self.state is not CONNECTING:
             raise LocalProtocolError(f"CONNACK in state {self.state.name}")
         if self.version == MQTT_5:

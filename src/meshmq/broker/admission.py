@@ -1,0 +1,180 @@
+"""Who may open a connection on a listener: CIDR allow/deny rules and connection limits.
+
+Theory of operation
+-------------------
+Each listener has one ``Admission``. The I/O layer asks ``admit(host)`` once per accepted
+socket, before reading a byte, and gets a ``Decision``:
+
+* ``DENIED``: the source address is outside the listener's CIDR rules (a ``deny`` network
+  matches, or an ``allow`` list exists and no network in it matches; deny wins). The socket is
+  closed at once; nothing is read from it.
+* ``ADMITTED`` with a ``Ticket``: the connection counts against ``max_connections`` and
+  ``max_connections_per_ip`` until ``ticket.release()`` (called exactly when the connection is
+  gone; further calls do nothing).
+* ``OVER_LIMIT`` with a ``Ticket``: a limit is reached. The connection is kept only long enough
+  to read its CONNECT and answer CONNACK 0x97 Quota exceeded (3.1.1: 3 Server unavailable).
+  Such refusals are counted separately and bounded by ``max_refusing``, so a flood of surplus
+  connections cannot hold more than that many sockets open.
+* ``CLOSED``: over a limit *and* ``max_refusing`` refusals are already pending: closed at once.
+
+Everything here is plain bookkeeping (no sockets, no clocks), so it is tested directly.
+Invariants: ``active == sum(per_ip.values())``; no ``per_ip`` entry is zero; counters never go
+negative whatever order tickets are released in.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+MAX_REFUSING = 64  # surplus connections per listener held open to be told CONNACK 0x97
+
+
+def parse_networks(text: str) -> tuple[IPNetwork, ...]:
+    """Parse a comma-separated list of CIDR networks ('10.0.0.0/8, ::1'); '' gives ().
+
+    A bare address is a one-address network; host bits are ignored (10.1.2.3/8 = 10.0.0.0/8).
+    Raises ``ValueError`` with a one-line message naming the bad item.
+    """
+    networks: list[IPNetwork] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            shown = item if len(item) <= 60 else item[:57] + "..."
+            raise ValueError(
+                f"{shown!r} is not an IP network (CIDR such as 10.0.0.0/8 or 2001:db8::/32)"
+            ) from None
+    return tuple(networks)
+
+
+def peer_address(host: str) -> IPAddress | None:
+    """The address a peer connected from; IPv4-mapped IPv6 addresses become IPv4."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])  # drop an IPv6 zone id
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkRules:
+    """CIDR rules of one listener: deny wins; an empty allow list allows every address."""
+
+    allow: tuple[IPNetwork, ...] = ()
+    deny: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def parse(cls, allow: str, deny: str) -> NetworkRules:
+        return cls(parse_networks(allow), parse_networks(deny))
+
+    def permits(self, address: IPAddress | None) -> bool:
+        if not self.allow and not self.deny:
+            return True
+        if address is None:  # not an IP peer (cannot happen on TCP): refuse when rules exist
+            return False
+        if any(address in network for network in self.deny):
+            return False
+        return not self.allow or any(address in network for network in self.allow)
+
+
+class Verdict(enum.Enum):
+    ADMITTED = "admitted"
+    DENIED = "denied"
+    OVER_LIMIT = "over limit"
+    CLOSED = "closed"
+
+
+class Ticket:
+    """One connection's place in its listener's counts; ``release()`` gives it back once."""
+
+    __slots__ = ("_admission", "_key", "refusal")
+
+    def __init__(self, admission: Admission, key: str | None, refusal: bool) -> None:
+        self._admission: Admission | None = admission
+        self._key = key
+        self.refusal = refusal
+
+    def release(self) -> None:
+        admission = self._admission
+        if admission is None:
+            return
+        self._admission = None
+        admission._release(self._key, self.refusal)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    why: str = ""
+    ticket: Ticket | None = None
+
+
+class Admission:
+    """CIDR rules and connection counts of one listener (``0`` = no limit)."""
+
+    def __init__(
+        self, rules: NetworkRules, max_connections: int = 0, max_connections_per_ip: int = 0,
+        max_refusing: int = MAX_REFUSING,
+    ) -> None:
+        self.rules = rules
+        self.max_connections = max_connections
+        self.max_connections_per_ip = max_connections_per_ip
+        self.max_refusing = max_refusing
+        self.active = 0
+        self.refusing = 0
+        self.per_ip: dict[str, int] = {}
+        self.counters = {"admitted": 0, "denied": 0, "over_limit": 0, "closed_at_accept": 0}
+
+    def admit(self, host: str) -> Decision:
+        """Decide for a connection from ``host``; the caller must act on the verdict."""
+        address = peer_address(host)
+        if not self.rules.permits(address):
+            self.counters["denied"] += 1
+            return Decision(Verdict.DENIED, "address not allowed by the listener's CIDR rules")
+        key = str(address) if address is not None else host
+        why = self._limit_reached(key)
+        if why:
+            if self.refusing >= self.max_refusing:
+                self.counters["closed_at_accept"] += 1
+                return Decision(Verdict.CLOSED, why)
+            self.counters["over_limit"] += 1
+            self.refusing += 1
+            return Decision(Verdict.OVER_LIMIT, why, Ticket(self, None, refusal=True))
+        self.counters["admitted"] += 1
+        self.active += 1
+        self.per_ip[key] = self.per_ip.get(key, 0) + 1
+        return Decision(Verdict.ADMITTED, "", Ticket(self, key, refusal=False))
+
+    def _limit_reached(self, key: str) -> str:
+        if self.max_connections and self.active >= self.max_connections:
+            return f"max_connections {self.max_connections} reached"
+        if self.max_connections_per_ip and self.per_ip.get(key, 0) >= self.max_connections_per_ip:
+            return f"max_connections_per_ip {self.max_connections_per_ip} reached"
+        return ""
+
+    def _release(self, key: str | None, refusal: bool) -> None:
+        if refusal:
+            self.refusing -= 1
+            return
+        self.active -= 1
+        left = self.per_ip[key] - 1  # type: ignore[index]
+        if left:
+            self.per_ip[key] = left  # type: ignore[index]
+        else:
+            del self.per_ip[key]  # type: ignore[arg-type]
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "active": self.active, "refusing": self.refusing, "addresses": len(self.per_ip),
+            **self.counters,
+        }

@@ -1,0 +1,321 @@
+"""Listeners: MQTT over TCP, TLS, WebSocket and WebSocket over TLS, each behind admission rules.
+
+Theory of operation
+-------------------
+Every listener is a plain TCP server whose sockets start with a ``Gate`` protocol. At accept,
+before reading anything, the gate asks the listener's ``Admission`` (CIDR rules, connection
+limits; see ``admission.py``) and then builds the stack for the connection, bottom to top:
+
+    socket -> [TLSLayer] -> [WebSocketLayer] -> ClientProtocol | Refuser
+
+The gate sees the first chunk read, then steps aside (``transport.set_protocol``) and costs
+nothing afterwards. On a plain port (``tcp``, ``ws``) a first byte of 0x16 is a TLS ClientHello:
+logged and closed. On a TLS port (``tls``, ``wss``) the ``TLSLayer`` does the handshake with
+the ``ServerCertificates`` context current at accept (a SIGHUP reload only affects later
+handshakes), logs every failure with the peer and the reason, and creates what runs above it
+only once the handshake is done: with ``tls.cert_username`` the MQTT side carries the
+certificate's CN (see ``certauth.py``). Every layer with a handshake (TLS, WebSocket, MQTT
+CONNECT) has its own deadline of ``mqtt.connect_timeout``.
+
+A connection over a limit gets a ``Refuser`` in place of a ``ClientProtocol``: it reads the
+CONNECT, answers CONNACK 0x97 (3.1.1: 3) and closes, without touching the broker. Each layer
+holds the connection's admission ``Ticket`` and releases it when the connection is lost
+(release is idempotent, so whichever layer hears of it first frees the slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from meshmq.broker.admission import Admission, Decision, NetworkRules, Ticket, Verdict
+from meshmq.broker.certauth import CertificateAuthenticator
+from meshmq.broker.protocol import ClientProtocol
+from meshmq.broker.tls import ServerCertificates
+from meshmq.broker.tlslayer import TLSLayer
+from meshmq.broker.websocket import WebSocketLayer
+from meshmq.mqtt.connection import ServerConnection
+from meshmq.mqtt.packets import PacketType
+from meshmq.mqtt.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from meshmq.broker.broker import Broker
+    from meshmq.config import BrokerConfig
+
+log = logging.getLogger("meshmq.listener")
+
+TLS_RECORD_HANDSHAKE = 0x16  # first byte of a TLS ClientHello
+
+
+class ListenerError(Exception):
+    """A listener could not start; the message is one line naming it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSpec:
+    name: str  # tcp | tls | ws | wss: the config section is server | tls | ws | wss
+    bind: str
+    port: int
+    tls: bool
+    path: str | None  # WebSocket endpoint; None = MQTT straight on the socket
+    rules: NetworkRules
+    max_connections: int
+    max_connections_per_ip: int
+
+
+def listener_specs(config: BrokerConfig) -> list[ListenerSpec]:
+    """The enabled listeners, TCP first (it is always on)."""
+    specs = []
+    for name, section, tls, websocket in (
+        ("tcp", config.server, False, False), ("tls", config.tls, True, False),
+        ("ws", config.ws, False, True), ("wss", config.wss, True, True),
+    ):
+        if name != "tcp" and not section.enabled:
+            continue
+        specs.append(ListenerSpec(
+            name, section.bind or config.server.bind, section.port, tls,
+            section.path if websocket else None, NetworkRules.parse(section.allow, section.deny),
+            section.max_connections, section.max_connections_per_ip,
+        ))
+    return specs
+
+
+def _peer(transport: asyncio.BaseTransport) -> tuple[str, str]:
+    """(host, "host:port") of the peer."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple):
+        return str(peer[0]), f"{peer[0]}:{peer[1]}"
+    return str(peer), str(peer)
+
+
+class ListenerClientProtocol(ClientProtocol):
+    """A broker connection that gives its admission ticket back when it is gone."""
+
+    def __init__(self, broker: Broker, ticket: Ticket, identity: str | None) -> None:
+        super().__init__(broker)
+        self.ticket = ticket
+        self.identity = identity
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            super().connection_lost(exc)
+        finally:
+            self.ticket.release()
+
+
+class Refuser(asyncio.Protocol):
+    """A connection over a limit: read its CONNECT, answer 0x97 (3.1.1: 3), close."""
+
+    def __init__(self, listener: Listener, ticket: Ticket) -> None:
+        self.listener = listener
+        self.ticket = ticket
+        self.conn = ServerConnection(max_packet_size=listener.broker.config.mqtt.max_packet_size)
+        self.transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        deadline = self.listener.broker.config.mqtt.connect_timeout
+        self._timer = asyncio.get_running_loop().call_later(deadline, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        conn.receive_data(data)
+        events = conn.events_received()
+        if events and events[0].type is PacketType.CONNECT:
+            conn.send_connack(ReasonCode.QUOTA_EXCEEDED)
+        out = conn.data_to_send()
+        if self.transport is not None:
+            if out:
+                self.transport.write(out)
+            if conn.closed:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.ticket.release()
+
+
+class Gate(asyncio.Protocol):
+    """The first protocol of every accepted socket: admission, then the listener's stack."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.transport: asyncio.Transport | None = None
+        self.inner: asyncio.Protocol | None = None
+        self.ticket: Ticket | None = None
+        self.peer = "?"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        listener = self.listener
+        host, self.peer = _peer(transport)
+        decision = listener.admission.admit(host)
+        self.ticket = decision.ticket
+        name = listener.spec.name
+        if decision.verdict is Verdict.DENIED or decision.verdict is Verdict.CLOSED:
+            log.info("connection refused at accept listener=%s peer=%s why=%r", name,
+                     self.peer, decision.why)
+            transport.close()
+            return
+        if decision.verdict is Verdict.OVER_LIMIT:
+            log.info("connection refused listener=%s peer=%s why=%r: CONNACK 0x97 (3.1.1: 3)"
+                     " once CONNECT arrives", name, self.peer, decision.why)
+        self.inner = listener.stack(decision)
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        transport, inner = self.transport, self.inner
+        if transport is None or inner is None:
+            return
+        if data[0] == TLS_RECORD_HANDSHAKE and not self.listener.spec.tls:
+            log.info("TLS handshake on a plain port listener=%s peer=%s: closing (the TLS"
+                     " listener is elsewhere)", self.listener.spec.name, self.peer)
+            transport.close()
+            return
+        transport.set_protocol(inner)  # from now on the gate is out of the way
+        inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.inner is not None else False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.ticket is not None:
+            self.ticket.release()
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+
+class Listener:
+    """One listening socket and its admission rules."""
+
+    def __init__(
+        self, spec: ListenerSpec, broker: Broker, certificates: ServerCertificates | None
+    ) -> None:
+        self.spec = spec
+        self.broker = broker
+        self.certificates = certificates
+        self.admission = Admission(spec.rules, spec.max_connections, spec.max_connections_per_ip)
+        self.port = 0
+        self.server: asyncio.base_events.Server | None = None
+        self.cert_username = certificates is not None and certificates.cfg.cert_username
+        mqtt = broker.config.mqtt
+        self.deadline = mqtt.connect_timeout
+        self.max_frame = 2 * mqtt.max_packet_size + 4096  # a frame may hold a few packets
+
+    async def start(self) -> None:
+        spec = self.spec
+        loop = asyncio.get_running_loop()
+        try:
+            self.server = await loop.create_server(
+                lambda: Gate(self), spec.bind, spec.port, reuse_address=True, backlog=4096
+            )
+        except OSError as exc:
+            raise ListenerError(
+                f"cannot listen listener={spec.name} bind={spec.bind} port={spec.port}"
+                f" error={exc.strerror or exc!s}"
+            ) from None
+        for sock in self.server.sockets:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    def stack(self, decision: Decision) -> asyncio.Protocol:
+        """The protocols above the socket for an admitted (or over-limit) connection."""
+        ticket = decision.ticket
+        assert ticket is not None
+        spec = self.spec
+
+        def mqtt(identity: str | None) -> asyncio.Protocol:
+            if decision.verdict is Verdict.OVER_LIMIT:
+                return Refuser(self, ticket)
+            return ListenerClientProtocol(self.broker, ticket, identity)
+
+        def above_tls(identity: str | None) -> asyncio.Protocol:
+            if spec.path is None:
+                return mqtt(identity)
+            return WebSocketLayer(spec.name, spec.path, lambda: mqtt(identity), self.max_frame,
+                                  self.deadline, ticket)
+
+        if not spec.tls:
+            return above_tls(None)
+        assert self.certificates is not None
+        return TLSLayer(spec.name, self.certificates.context, above_tls, self.deadline,
+                        self.cert_username, ticket)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def wait_closed(self) -> None:
+        if self.server is not None:
+            await self.server.wait_closed()
+
+
+class Listeners:
+    """Every listener of a node; start-up, the port file, SIGHUP reload, shutdown."""
+
+    def __init__(self, config: BrokerConfig, broker: Broker) -> None:
+        specs = listener_specs(config)
+        self.certificates: ServerCertificates | None = None
+        if any(spec.tls for spec in specs):
+            self.certificates = ServerCertificates(config.tls)  # TLSConfigError if unusable
+            if config.tls.cert_username:
+                broker.authenticator = CertificateAuthenticator(broker.authenticator)
+        self.listeners = [Listener(spec, broker, self.certificates) for spec in specs]
+
+    async def start(self) -> None:
+        """Listen on every socket; ``ListenerError`` (and nothing left open) if one fails."""
+        try:
+            for listener in self.listeners:
+                await listener.start()
+        except ListenerError:
+            self.close()
+            raise
+
+    def port(self, name: str = "tcp") -> int:
+        return next(listener.port for listener in self.listeners if listener.spec.name == name)
+
+    def binds(self) -> list[str]:
+        return [listener.spec.bind for listener in self.listeners]
+
+    def describe(self) -> str:
+        """``tls=127.0.0.1:8883 ws=127.0.0.1:8083/mqtt`` for the extra listeners, for the log."""
+        parts = []
+        for listener in self.listeners[1:]:
+            spec = listener.spec
+            parts.append(f"{spec.name}={spec.bind}:{listener.port}{spec.path or ''}")
+        return " ".join(parts)
+
+    def port_file_text(self) -> str:
+        """The TCP port on the first line (as before), then ``name=port`` for every listener."""
+        lines = [str(self.port("tcp"))]
+        lines += [f"{listener.spec.name}={listener.port}" for listener in self.listeners]
+        return "\n".join(lines) + "\n"
+
+    def reload_tls(self) -> bool:
+        """Re-read the certificate files (SIGHUP); False if there is no TLS or it failed."""
+        return self.certificates is not None and self.certificates.reload()
+
+    def close(self) -> None:
+        for listener in self.listeners:
+            listener.close()
+
+    async def wait_closed(self) -> None:
+        for listener in self.listeners:
+            await listener.wait_closed()
+
+    def statistics(self) -> dict[str, Any]:
+        return {listener.spec.name: listener.admission.statistics() for listener in self.listeners}

@@ -1,0 +1,225 @@
+"""MQTT over WebSocket: the ``websockets`` sans-I/O server protocol between a socket and MQTT.
+
+Theory of operation
+-------------------
+``WebSocketLayer`` is two things at once: the ``asyncio.Protocol`` of the socket below (plain
+TCP for ``ws``, the TLS transport for ``wss``) and the ``asyncio.Transport`` of the MQTT
+protocol above (the same ``ClientProtocol`` as on TCP, or the limit ``Refuser``). It feeds the
+bytes it reads to ``websockets.server.ServerProtocol`` and acts on its events:
+
+* the HTTP upgrade request: the path must be ``ws.path`` (else 404), the client must offer the
+  ``mqtt`` subprotocol (spec 6.0; ``mqttv3.1`` too, for old clients), else 400. On success the
+  MQTT protocol above is created and ``connection_made(self)``;
+* binary frames (and their continuations) carry an MQTT *byte stream*: frame boundaries mean
+  nothing (MQTT-6.0.0-2), so each frame's payload goes straight to ``data_received``;
+* a text frame closes the connection with 1003 (MQTT-6.0.0-1); pings are answered by the
+  library; a close frame is echoed and the socket closed.
+
+What the MQTT side writes goes out as one binary frame per ``write()`` (``ClientProtocol``
+writes once per batch). Flow control is the socket's: pause/resume reading and the write-buffer
+watermarks pass straight through, so a slow WebSocket subscriber is paused like a TCP one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.http11 import Request
+from websockets.protocol import OPEN
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
+
+from meshmq.broker.admission import Ticket
+
+log = logging.getLogger("meshmq.websocket")
+# The library logs "connection open/closed" at info and every frame at debug: keep it quiet.
+_library_log = logging.getLogger("meshmq.websocket.library")
+_library_log.setLevel(logging.WARNING)
+
+SUBPROTOCOLS = [Subprotocol("mqtt"), Subprotocol("mqttv3.1")]
+
+
+class WebSocketLayer(asyncio.Protocol, asyncio.Transport):
+    """Protocol for the socket, Transport for the MQTT protocol made by ``make_inner()``."""
+
+    def __init__(
+        self, listener: str, path: str, make_inner: Callable[[], asyncio.BaseProtocol],
+        max_frame: int, deadline: float, ticket: Ticket | None = None,
+    ) -> None:
+        asyncio.Transport.__init__(self)
+        self.listener = listener
+        self.path = path
+        self.make_inner = make_inner
+        self.ticket = ticket
+        self.deadline = deadline
+        self.ws = ServerProtocol(
+            subprotocols=SUBPROTOCOLS, max_size=(None, max_frame), logger=_library_log
+        )
+        self.inner: Any = None
+        self.below: asyncio.Transport | None = None
+        self.peer = "?"
+        self._closing = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ the socket below
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.below = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        # the upgrade must be done in time (then ClientProtocol's CONNECT deadline takes over)
+        self._timer = asyncio.get_running_loop().call_later(self.deadline, self._too_slow)
+
+    def _too_slow(self) -> None:
+        self._timer = None
+        log.info("no websocket handshake in time listener=%s peer=%s", self.listener, self.peer)
+        self._closing = True
+        if self.below is not None:
+            self.below.close()
+
+    def data_received(self, data: bytes) -> None:
+        ws = self.ws
+        ws.receive_data(data)
+        for event in ws.events_received():
+            if self._closing:
+                break
+            if isinstance(event, Request):
+                self._handshake(event)
+            else:
+                self._frame(event)
+        if ws.parser_exc is not None and not self._closing:
+            log.info("websocket error listener=%s peer=%s error=%r",
+                     self.listener, self.peer, str(ws.parser_exc))
+            self._closing = True
+        self._send()
+
+    def eof_received(self) -> bool:
+        self.ws.receive_eof()
+        if self.inner is not None:
+            self.inner.eof_received()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.ticket is not None:
+            self.ticket.release()
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+    def _handshake(self, request: Request) -> None:
+        ws = self.ws
+        if request.path.split("?", 1)[0] != self.path:
+            response = ws.reject(404, f"No MQTT endpoint here: use {self.path}\n")
+            why = f"path {request.path!r} is not {self.path!r}"
+        else:
+            response = ws.accept(request)
+            why = str(ws.handshake_exc) if ws.handshake_exc is not None else ""
+        ws.send_response(response)
+        if response.status_code != 101:
+            log.info("websocket handshake refused listener=%s peer=%s status=%d why=%r",
+                     self.listener, self.peer, response.status_code, why)
+            return
+        self._send()  # the 101 goes out before any MQTT byte
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.inner = self.make_inner()
+        self.inner.connection_made(self)
+
+    def _frame(self, frame: Frame) -> None:
+        if frame.opcode is Opcode.BINARY or frame.opcode is Opcode.CONT:
+            if frame.data and self.inner is not None:
+                self.inner.data_received(bytes(frame.data))
+        elif frame.opcode is Opcode.TEXT:  # MQTT-6.0.0-1
+            log.info("websocket text frame refused listener=%s peer=%s", self.listener,
+                     self.peer)
+            self.ws.fail(CloseCode.UNSUPPORTED_DATA, "MQTT needs binary frames")
+            self._closing = True
+
+    def _send(self) -> None:
+        below = self.below
+        if below is None:
+            return
+        eof = False
+        for chunk in self.ws.data_to_send():
+            if chunk:
+                below.write(chunk)
+            else:
+                eof = True  # the library is done with this connection
+        if eof or (self._closing and not below.is_closing()):
+            below.close()
+
+    # ------------------------------------------------------------------ the MQTT side above
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing or self.ws.state is not OPEN:
+            return
+        self.ws.send_binary(data)
+        self._send()
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def close(self) -> None:
+        """Close frame 1000 after what was written, then close the socket."""
+        if self._closing:
+            return
+        self._closing = True
+        if self.ws.state is OPEN:
+            self.ws.send_close(CloseCode.NORMAL_CLOSURE)
+        self._send()
+
+    def abort(self) -> None:
+        self._closing = True
+        if self.below is not None:
+            self.below.abort()
+
+    def is_closing(self) -> bool:
+        return self._closing or self.below is None or self.below.is_closing()
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "subprotocol":
+            return self.ws.subprotocol
+        return self.below.get_extra_info(name, default) if self.below is not None else default
+
+    def pause_reading(self) -> None:
+        if self.below is not None:
+            self.below.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.below is not None:
+            self.below.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self.below is not None and self.below.is_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if self.below is not None:
+            self.below.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self.below.get_write_buffer_size() if self.below is not None else 0
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.inner = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.inner

@@ -1,0 +1,388 @@
+"""Read-only access to a log directory, for the ``meshmq log`` tools.
+
+Theory of operation
+-------------------
+The tools must work while a broker has the log open, so nothing here goes through
+``CommitLog``/``LogSegment`` (they take the ``.lock`` flock, create missing files, rebuild
+indexes and truncate torn tails). Instead the files are read as ``docs/log-format.md`` says an
+outside program should: ``meta.json`` for the partition count, each partition's ``*.log`` files
+in name order, and batches in file order. Nothing is ever written.
+
+``walk_batches`` is the one batch walker: over the bytes of a segment it yields each good batch
+(``Batch``) and each damaged region (``Damage``). At a bad batch it looks for the next batch
+that verifies and has plausible offsets (``find_verified_batch``, as recovery does) and goes on
+from there, so one walk reports every damaged region and every valid batch after it.
+
+A running broker appends to the last segment of each partition: a ``Damage`` at the end of that
+segment that runs to the end of the file is possibly a write in progress (``in_progress``), not
+corruption. ``log_is_locked`` tells whether a broker holds the log, without taking the lock.
+A segment deleted by retention between listing and reading reads as ``None``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import NamedTuple
+
+from meshmq.log.commit_log import LOCK_FILE, LOG_DIRECTORY, META_FILE, META_FORMAT, META_VERSION
+from meshmq.log.errors import CorruptBatch, IncompleteBatch, LogError
+from meshmq.log.files import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_file_name
+from meshmq.log.record import (
+    BATCH_HEADER,
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    MAX_BATCH_BYTES,
+    NO_TIMESTAMP,
+    BatchHeader,
+    decode_batch,
+    find_verified_batch,
+    peek_batch_header,
+    read_batch_header,
+    verify_batch,
+)
+from meshmq.log.segment import MAX_RELATIVE_OFFSET
+
+SCAN_CHUNK_BYTES = 1 << 20  # header scans read this much at a time
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class LogDirectoryError(LogError):
+    """The directory given is not a log the tools can read (one line, for the user)."""
+
+
+# -- the directory --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    """One ``.log`` file as listed; it may vanish (retention) before it is read."""
+
+    partition: int
+    base_offset: int
+    path: Path
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(INDEX_SUFFIX)
+
+    @property
+    def timeindex_path(self) -> Path:
+        return self.path.with_suffix(TIMEINDEX_SUFFIX)
+
+    def read(self, start: int = 0) -> bytes | None:
+        """The file's bytes from ``start`` to its current end; None if it was deleted."""
+        try:
+            with open(self.path, "rb") as file:
+                file.seek(start)
+                return file.read()
+        except FileNotFoundError:
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirectory:
+    """A log directory (the one holding ``meta.json``) and what ``meta.json`` says."""
+
+    path: Path
+    partitions: int
+
+    @classmethod
+    def locate(cls, given: Path | str) -> LogDirectory:
+        """Accept a broker data_dir (``DIR/log/meta.json``) or the log directory itself.
+
+        Raises ``LogDirectoryError`` with a one-line explanation otherwise.
+        """
+        given = Path(given)
+        if not given.is_dir():
+            raise LogDirectoryError(f"{given}: no such directory")
+        for candidate in (given, given / LOG_DIRECTORY):
+            if (candidate / META_FILE).is_file():
+                return cls(candidate, _read_meta(candidate / META_FILE))
+        raise LogDirectoryError(
+            f"{given}: no commit log here (neither {given / LOG_DIRECTORY / META_FILE} "
+            f"nor {given / META_FILE} exists)")
+
+    def partition_dir(self, partition: int) -> Path:
+        return self.path / str(partition)
+
+    def segments(self, partition: int) -> list[SegmentFile]:
+        """The partition's segments in offset order (empty if the directory is missing)."""
+        try:
+            names = os.listdir(self.partition_dir(partition))
+        except FileNotFoundError:
+            return []
+        bases = sorted(int(name[: -len(LOG_SUFFIX)]) for name in names
+                       if name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit())
+        directory = self.partition_dir(partition)
+        return [SegmentFile(partition, base, directory / segment_file_name(base, LOG_SUFFIX))
+                for base in bases]
+
+    def is_locked(self) -> bool:
+        return log_is_locked(self.path)
+
+
+def _read_meta(path: Path) -> int:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        fmt, version, partitions = meta["format"], meta["format_version"], meta["partitions"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LogDirectoryError(f"{path} is unreadable: {exc}") from None
+    if fmt != META_FORMAT or version != META_VERSION:
+        raise LogDirectoryError(f"{path}: unsupported log format {fmt!r} version {version!r}")
+    if not isinstance(partitions, int) or partitions < 1:
+        raise LogDirectoryError(f"{path}: invalid partition count {partitions!r}")
+    return partitions
+
+
+def log_is_locked(log_dir: Path) -> bool:
+    """Whether a process holds the flock on ``log_dir/.lock`` (a broker has the log open).
+
+    Reads ``/proc/locks`` so the check never takes the lock itself (a broker starting at that
+    moment would fail). Where ``/proc/locks`` is missing, tries a shared lock and drops it.
+    """
+    try:
+        stat = os.stat(log_dir / LOCK_FILE)
+    except FileNotFoundError:
+        return False
+    try:
+        with open("/proc/locks", encoding="ascii") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return _try_lock(log_dir / LOCK_FILE)
+    wanted = (os.major(stat.st_dev), os.minor(stat.st_dev), stat.st_ino)
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and "->" not in fields:
+            major, minor, inode = fields[5].split(":")
+            if (int(major, 16), int(minor, 16), int(inode)) == wanted:
+                return True
+    return False
+
+
+def _try_lock(path: Path) -> bool:  # pragma: no cover - systems without /proc/locks
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the lock if it was taken
+    return False
+
+
+# -- walking the batches of a segment -------------------------------------------------------
+
+
+BatchCheck = Callable[[bytes, int], BatchHeader]
+
+
+class Batch(NamedTuple):
+    position: int
+    header: BatchHeader
+
+
+class Damage(NamedTuple):
+    """Bytes ``[position, resume)`` hold no valid batch (``resume`` None: up to the end).
+
+    ``expected_offset`` is the offset the next batch should have had; ``claimed`` is the
+    damaged batch's own (untrusted) offset range when its header could be read.
+    """
+
+    position: int
+    resume: int | None
+    reason: str
+    expected_offset: int
+    claimed: tuple[int, int] | None
+    reaches_end: bool  # the bad batch runs to (or past) the end of the bytes
+    incomplete: bool  # the bytes end inside the batch (a torn write), not a failed check
+
+    @property
+    def in_progress(self) -> bool:
+        """Could be a write still in progress (when this is the active segment's end)."""
+        return self.resume is None and (self.incomplete or self.reaches_end)
+
+
+def walk_batches(data: bytes, segment_base: int, *, check: BatchCheck = verify_batch,
+                 start: int = 0, next_offset: int | None = None) -> Iterator[Batch | Damage]:
+    """Yield every batch and damaged region of a segment's bytes, in file order.
+
+    ``check(data, position)`` accepts a batch by returning its header, or raises
+    ``CorruptBatch``/``IncompleteBatch``: ``verify_batch`` (the default: CRC and header rules),
+    ``read_batch_header`` (cheap, for skipping) or ``decoded_header`` (records too). Offsets
+    must increase from ``next_offset`` (default: the segment base) and stay within the
+    segment's relative-offset range, as recovery requires.
+    """
+    position, expected = start, segment_base if next_offset is None else next_offset
+    while position < len(data):
+        try:
+            header = check(data, position)
+            _check_sequence(header, segment_base, expected)
+        except (CorruptBatch, IncompleteBatch) as exc:
+            damage = _damage(data, position, exc, segment_base, expected, check)
+            yield damage
+            if damage.resume is None:
+                return
+            position = damage.resume
+            continue
+        yield Batch(position, header)
+        expected = header.last_offset + 1
+        position += header.batch_length
+
+
+def decoded_header(data: bytes, position: int) -> BatchHeader:
+    """A ``BatchCheck`` that also decodes every record (what reads do)."""
+    decode_batch(data, position)
+    return read_batch_header(data, position)
+
+
+def _check_sequence(header: BatchHeader, segment_base: int, expected: int) -> None:
+    if header.base_offset < expected:
+        raise CorruptBatch(f"offset {header.base_offset} goes backwards (expected >= {expected})")
+    if header.last_offset - segment_base > MAX_RELATIVE_OFFSET:
+        raise CorruptBatch(f"offset {header.last_offset} is outside this segment")
+
+
+def _damage(data: bytes, position: int, exc: Exception, segment_base: int, expected: int,
+            check: BatchCheck) -> Damage:
+    claimed, reaches_end = None, True
+    try:
+        header = peek_batch_header(data, position)
+        claimed = (header.base_offset, header.last_offset)
+        reaches_end = position + header.batch_length >= len(data)
+    except (CorruptBatch, IncompleteBatch):
+        reaches_end = len(data) - position < HEADER_SIZE
+    resume = resync(data, position + 1, segment_base, expected, check)
+    return Damage(position, resume, str(exc), expected, claimed, reaches_end,
+                  isinstance(exc, IncompleteBatch))
+
+
+def resync(data: bytes, start: int, segment_base: int, expected: int,
+           check: BatchCheck = verify_batch) -> int | None:
+    """Position of the next batch at or after ``start`` that verifies, passes ``check`` and
+    has offsets at or after ``expected`` within the segment; None if there is none."""
+    def plausible(header: BatchHeader) -> bool:
+        return (header.base_offset >= expected
+                and header.last_offset - segment_base <= MAX_RELATIVE_OFFSET)
+
+    while (found := find_verified_batch(data, start, plausible)) is not None:
+        try:
+            check(data, found)
+            return found
+        except (CorruptBatch, IncompleteBatch):
+            start = found + 1
+    return None
+
+
+# -- cheap header scans (ls) ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SegmentSummary:
+    """What a header scan of one segment found; ``size`` is the file size when read."""
+
+    segment: SegmentFile
+    size: int = 0
+    batches: int = 0
+    records: int = 0
+    first_timestamp: int = NO_TIMESTAMP
+    max_timestamp: int = NO_TIMESTAMP
+    next_offset: int = 0
+    index_entries: int | None = None
+    unreadable_at: int | None = None  # first byte the scan could not get past
+    unreadable_reason: str = ""
+    vanished: bool = False
+
+
+def summarize_segment(segment: SegmentFile) -> SegmentSummary:
+    """Scan the batch headers of one segment (no checksums: ``verify`` does those)."""
+    summary = SegmentSummary(segment, next_offset=segment.base_offset)
+    try:
+        summary.index_entries = os.stat(segment.index_path).st_size // 8
+    except FileNotFoundError:
+        pass
+    try:
+        fd = os.open(segment.path, os.O_RDONLY)
+    except FileNotFoundError:
+        summary.vanished = True
+        return summary
+    try:
+        summary.size = os.fstat(fd).st_size
+        _scan_headers(fd, summary)
+    finally:
+        os.close(fd)
+    return summary
+
+
+def _scan_headers(fd: int, summary: SegmentSummary) -> None:
+    """Add up the batch headers from byte 0, reading ``SCAN_CHUNK_BYTES`` at a time and
+    skipping the bodies of larger batches; stop at the first header that is not usable."""
+    position, size, buffer, buffer_start = 0, summary.size, b"", 0
+    base = summary.segment.base_offset
+    unpack = BATCH_HEADER.unpack_from
+    while position < size:
+        at = position - buffer_start
+        if at + HEADER_SIZE > len(buffer):
+            buffer, buffer_start, at = os.pread(fd, SCAN_CHUNK_BYTES, position), position, 0
+        if len(buffer) - at >= HEADER_SIZE:  # the fast path; the checks of peek_batch_header
+            magic, length, _, _, first, delta, first_ts, max_ts, count = unpack(buffer, at)
+            if (magic == FORMAT_VERSION and HEADER_SIZE <= length <= MAX_BATCH_BYTES
+                    and first >= summary.next_offset and first + delta - base
+                    <= MAX_RELATIVE_OFFSET and position + length <= size):
+                summary.batches += 1
+                summary.records += count
+                if summary.first_timestamp == NO_TIMESTAMP:
+                    summary.first_timestamp = first_ts
+                summary.max_timestamp = max(summary.max_timestamp, max_ts)
+                summary.next_offset = first + delta + 1
+                position += length
+                continue
+        summary.unreadable_at = position
+        summary.unreadable_reason = _header_problem(buffer, at, summary, position)
+        return
+
+
+def _header_problem(buffer: bytes, at: int, summary: SegmentSummary, position: int) -> str:
+    try:
+        header = peek_batch_header(buffer, at)
+        _check_sequence(header, summary.segment.base_offset, summary.next_offset)
+    except (CorruptBatch, IncompleteBatch) as exc:
+        return str(exc)
+    return f"the batch of {header.batch_length} bytes runs past the end of the file " \
+           f"({summary.size - position} bytes left)"
+
+
+# -- small shared helpers -------------------------------------------------------------------
+
+
+def iso_timestamp(timestamp_ms: int) -> str:
+    """``2025-01-31T12:00:00.123Z``; ``-`` for no timestamp, the number if out of range."""
+    if timestamp_ms == NO_TIMESTAMP:
+        return "-"
+    seconds, millis = divmod(timestamp_ms, 1000)
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    except (OverflowError, OSError, ValueError):
+        return str(timestamp_ms)
+
+
+def parse_timestamp(text: str) -> int:
+    """Milliseconds since the epoch from ``1735689600000`` or an ISO 8601 date/time (UTC when
+    no zone is given). Raises ``ValueError`` with a one-line explanation."""
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not a timestamp: {text!r} (use ISO 8601 or milliseconds)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - EPOCH) // timedelta(milliseconds=1)

@@ -1,0 +1,313 @@
+"""``meshmq pipeline telemetry|archive|alerts|report|demo``: the Spark jobs on the command line.
+
+``meshmq pipeline ARGS`` calls ``main(ARGS)`` (``meshmq.cli`` imports this module only then).
+The same parser serves ``spark-submit`` (``meshmq/pipeline/jobs/submit.py``), where
+``--master`` defaults to whatever spark-submit was given. Options are checked before Spark
+starts. Exit status: 0 done; 1 the job failed (Spark error, broker unreachable, alert not
+taken: one line on stderr, the trace with ``--verbose``); 2 bad usage or bad input (one line);
+130 interrupted. pyspark is imported only once a job runs, so ``meshmq serve`` never needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from meshmq.pipeline.jobs.common import (
+    AVAILABLE_NOW,
+    DEFAULT_MASTER,
+    JobError,
+    StreamSettings,
+    check_log_dir,
+    parse_conf,
+    parse_duration,
+    parse_filters,
+    parse_trigger,
+    qualify,
+)
+
+PROG = "meshmq pipeline"
+
+
+def build_parser(prog: str = PROG, master: str | None = DEFAULT_MASTER
+                 ) -> argparse.ArgumentParser:
+    """The parser of ``meshmq pipeline`` (or of ``submit.py`` with ``master=None``)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Spark jobs over the broker's commit log (needs the 'spark' "
+        "extra: pip install 'meshmq[spark]').")
+    add_job_commands(parser, master)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = PROG,
+         master: str | None = DEFAULT_MASTER) -> int:
+    parser = build_parser(prog, master)
+    args = parser.parse_args(argv)
+    if args.job is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return run_job(args)
+
+
+def add_job_commands(parser: argparse.ArgumentParser, master: str | None) -> None:
+    jobs = parser.add_subparsers(dest="job", metavar="JOB")
+    telemetry = _job(jobs, "telemetry", _telemetry, master,
+                     "JSON telemetry -> per-device window aggregates and a quarantine table")
+    _log_input(telemetry)
+    telemetry.add_argument("--output", required=True, metavar="DIR",
+                           help="writes DIR/aggregates and DIR/quarantine (Parquet)")
+    telemetry.add_argument("--window", default="1 minute", help="window length (1 minute)")
+    telemetry.add_argument("--watermark", default="2 minutes",
+                           help="how late an event may arrive, streaming (2 minutes)")
+    telemetry.add_argument("--device-level", type=int, default=1, metavar="N",
+                           help="0-based topic level holding the device id (1: devices/ID/...)")
+    telemetry.add_argument("--exclude", default="alerts/#", metavar="FILTERS",
+                           help="topic filters to skip (alerts/#: our own alerts)")
+    _stream_options(telemetry)
+
+    archive = _job(jobs, "archive", _archive, master,
+                   "raw records -> Parquet partitioned by date and topic root")
+    _log_input(archive)
+    archive.add_argument("--output", required=True, metavar="DIR", help="the archive table")
+    _stream_options(archive)
+
+    alerts = _job(jobs, "alerts", _alerts, master,
+                  "threshold rules over the telemetry aggregates -> MQTT alerts/{device}/{rule}")
+    alerts.add_argument("--telemetry", required=True, metavar="DIR",
+                        help="the telemetry job's --output")
+    alerts.add_argument("--rules", required=True, metavar="FILE", help="rules file (TOML)")
+    _broker_options(alerts)
+    alerts.add_argument("--client-id", default="meshmq-alerts")
+    alerts.add_argument("--topic-prefix", default="alerts", help="first topic level (alerts)")
+    alerts.add_argument("--ledger", metavar="FILE",
+                        help="alerts ledger (default: CHECKPOINT.ledger.json)")
+    alerts.add_argument("--resend-unconfirmed", action="store_true",
+                        help="resend alerts left unconfirmed by a crash (at least once)")
+    alerts.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="wait this long for CONNACK and PUBACKs (10)")
+    _stream_options(alerts)
+
+    report = _job(jobs, "report", _report, master,
+                  "a PNG and an HTML page: message rates, topic roots, per-device metrics")
+    report.add_argument("--data-dir", metavar="DIR", help="broker data directory (the log)")
+    report.add_argument("--telemetry", metavar="DIR", help="the telemetry job's --output")
+    report.add_argument("--output", required=True, metavar="DIR",
+                        help="writes DIR/report.png and DIR/report.html")
+    report.add_argument("--title", default="meshmq report")
+
+    demo = _job(jobs, "demo", _demo, master,
+                "simulated devices publish; telemetry, alerts and report run; prints the report")
+    demo.add_argument("--workdir", default="meshmq-demo", metavar="DIR",
+                      help="where everything goes (./meshmq-demo)")
+    demo.add_argument("--host", default="127.0.0.1", help="a running broker (with --port)")
+    demo.add_argument("-p", "--port", type=int, help="use the broker running on this port "
+                      "(default: start one on a free port)")
+    demo.add_argument("--data-dir", metavar="DIR", help="that broker's data directory")
+    demo.add_argument("--devices", type=_positive, default=6, metavar="N")
+    demo.add_argument("--readings", type=_positive, default=60, metavar="N",
+                      help="readings per device (60)")
+    demo.add_argument("--interval", type=_positive, default=15, metavar="SECONDS",
+                      help="event time between readings (15)")
+
+
+def _job(jobs: Any, name: str, run: Callable[..., int], master: str | None,
+         summary: str) -> argparse.ArgumentParser:
+    parser = jobs.add_parser(name, help=summary, description=summary[:1].upper() + summary[1:])
+    parser.add_argument("--master", default=master,
+                        help=f"Spark master URL (default: {master or 'from spark-submit'})")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="Spark configuration (repeatable)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show Spark's logs and full error traces")
+    parser.set_defaults(job_run=run)
+    return parser
+
+
+def _log_input(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", required=True, metavar="DIR",
+                        help="broker data directory (the log is DIR/log)")
+    parser.add_argument("--topics", default="", metavar="FILTERS",
+                        help="comma-separated MQTT filters, pushed down to the source")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="meshmq source option, e.g. startingOffsets=latest (repeatable)")
+
+
+def _stream_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=("batch", "stream"), default="batch")
+    parser.add_argument("--trigger", default=AVAILABLE_NOW,
+                        help="stream: available-now (default) or an interval such as 10s")
+    parser.add_argument("--checkpoint", metavar="DIR",
+                        help="stream: checkpoint directory (default: OUTPUT/_checkpoints/JOB)")
+
+
+def _broker_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="broker host (127.0.0.1)")
+    parser.add_argument("-p", "--port", type=int, default=1883, help="broker port (1883)")
+    parser.add_argument("-u", "--username")
+    parser.add_argument("-P", "--password")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """Run the chosen job; turn failures into one line and an exit status."""
+    try:
+        return args.job_run(args)
+    except JobError as exc:
+        return _fail(args, f"error: {exc}", 2)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # Spark, Py4J, broker: one line unless --verbose
+        return _fail(args, f"failed: {_first_line(exc)}", 1)
+
+
+def _fail(args: argparse.Namespace, message: str, status: int) -> int:
+    if args.verbose:
+        traceback.print_exc()
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return status
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return text
+
+
+def _session(args: argparse.Namespace, job: str) -> Any:
+    from meshmq.pipeline.jobs.common import create_session
+
+    return create_session(f"meshmq-{job}", args.master, args.verbose, parse_conf(args.conf))
+
+
+def _stream(args: argparse.Namespace, output: str, job: str) -> StreamSettings | None:
+    if args.mode != "stream":
+        return None
+    checkpoint = args.checkpoint or f"{qualify(output)}/_checkpoints/{job}"
+    return StreamSettings(qualify(checkpoint), parse_trigger(args.trigger))
+
+
+def _telemetry(args: argparse.Namespace) -> int:
+    from meshmq.pipeline.jobs import telemetry
+
+    if args.device_level < 0:
+        raise JobError(f"--device-level: expected 0 or more, got {args.device_level}")
+    options = telemetry.TelemetryOptions(
+        data_dir=check_log_dir(args.data_dir), output=qualify(args.output),
+        window=parse_duration(args.window, "--window"),
+        watermark=parse_duration(args.watermark, "--watermark"),
+        device_level=args.device_level, topics=parse_filters(args.topics),
+        exclude=parse_filters(args.exclude, "--exclude"),
+        source_options=parse_conf_option(args.option))
+    stream = _stream(args, args.output, "telemetry")
+    spark = _session(args, "telemetry")
+    try:
+        if stream is None:
+            result = telemetry.run_batch(spark, options)
+        else:
+            result = telemetry.run_stream(spark, options, stream)
+    finally:
+        spark.stop()
+    print(result.summary())
+    return 0
+
+
+def _archive(args: argparse.Namespace) -> int:
+    from meshmq.pipeline.jobs import archive
+
+    options = archive.ArchiveOptions(
+        data_dir=check_log_dir(args.data_dir), output=qualify(args.output),
+        topics=parse_filters(args.topics), source_options=parse_conf_option(args.option))
+    stream = _stream(args, args.output, "archive")
+    spark = _session(args, "archive")
+    try:
+        if stream is None:
+            print(archive.run_batch(spark, options))
+        else:
+            print(archive.run_stream(spark, options, stream))
+    finally:
+        spark.stop()
+    return 0
+
+
+def _alerts(args: argparse.Namespace) -> int:
+    from meshmq.pipeline.jobs import alerts
+    from meshmq.pipeline.jobs.publisher import DeliveryError, MqttTarget
+    from meshmq.pipeline.jobs.rules import load_rules
+
+    if args.timeout <= 0:
+        raise JobError(f"--timeout: expected a positive number, got {args.timeout:g}")
+    options = alerts.AlertsOptions(
+        telemetry=qualify(args.telemetry), rules=tuple(load_rules(args.rules)),
+        target=MqttTarget(args.host, args.port, args.client_id, args.username, args.password,
+                          args.timeout),
+        ledger=args.ledger or "", topic_prefix=args.topic_prefix,
+        resend_unconfirmed=args.resend_unconfirmed)
+    if not args.topic_prefix or any(c in args.topic_prefix for c in "+#\x00"):
+        raise JobError(f"--topic-prefix: expected a topic without wildcards, "
+                       f"got {args.topic_prefix!r}")
+    stream = _stream(args, args.telemetry, "alerts")
+    spark = _session(args, "alerts")
+    try:
+        if stream is None:
+            result = alerts.run_batch(spark, options)
+        else:
+            result = alerts.run_stream(spark, options, stream)
+    except DeliveryError as exc:
+        print(f"{PROG}: alerts: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    print(result.summary())
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from meshmq.pipeline.jobs import report
+
+    options = report.ReportOptions(
+        output=args.output, title=args.title,
+        data_dir=check_log_dir(args.data_dir) if args.data_dir else None,
+        telemetry=qualify(args.telemetry) if args.telemetry else None)
+    if options.data_dir is None and options.telemetry is None:
+        raise JobError("report: give --data-dir, --telemetry or both")
+    spark = _session(args, "report")
+    try:
+        result = report.run(spark, options)
+    finally:
+        spark.stop()
+    print(result.summary())
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from meshmq.pipeline.jobs import demo
+
+    options = demo.DemoOptions(workdir=args.workdir, host=args.host, port=args.port,
+                               data_dir=args.data_dir, devices=args.devices,
+                               readings=args.readings, interval=args.interval)
+    return demo.run(options, lambda: _session(args, "demo"))
+
+
+def parse_conf_option(pairs: list[str]) -> dict[str, str]:
+    try:
+        return parse_conf(pairs)
+    except JobError as exc:
+        raise JobError(str(exc).replace("--conf", "--option")) from None
