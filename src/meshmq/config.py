@@ -86,6 +86,7 @@ class LogSettings:
     persist_qos0: bool = False
     fsync: str = "always"
     fsync_interval_ms: int = 1000
+    fsync_rules: str = ""
     partitions: int = 8
     key_level: int = -1
     segment_bytes: int = 64 * 1024 * 1024
@@ -270,6 +271,9 @@ _KEYS: dict[str, _Key] = {
         "always: fsync before PUBACK/PUBREC; interval: fsync every fsync_interval_ms"
         " (a power loss may lose that window); never: leave it to the OS"),
     "log.fsync_interval_ms": _Key(int, (1, None), "fsync period for fsync = interval"),
+    "log.fsync_rules": _Key(
+        str, None, "per-topic fsync policies, first match wins, e.g. \"telemetry/#=interval,"
+        " cmd/#=always\"; topics matching none use log.fsync"),
     "log.partitions": _Key(
         int, (1, 65536), "partitions of a new log (fixed once the log exists)"),
     "log.key_level": _Key(

@@ -4,6 +4,8 @@ offline catch-up without copies, and session/retained state across restarts and 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -295,3 +297,31 @@ def test_damaged_state_journal_is_a_one_line_error(tmp_path, client_factory):
     (tmp_path / "broker" / "port").unlink()
     with pytest.raises(pytest.fail.Exception, match="damaged journal line"):
         start_broker(tmp_path)
+
+
+def test_bad_fsync_rule_is_a_one_line_error(tmp_path):
+    config = tmp_path / "meshmq.toml"
+    config.write_text('[log]\nfsync_rules = "telemetry/#=interval, cmd/#=sometimes"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "meshmq", "serve", "--config", str(config), "--port", "0",
+         "--bind", "127.0.0.1", "--data-dir", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "log.fsync_rules" in errors[0] and "cmd/#=sometimes" in errors[0]
+
+
+def test_fsync_rules_apply_per_topic(broker_factory, client_factory):
+    """Topics under an ``interval`` rule and under the default ``always`` both persist and are
+    delivered with their log positions."""
+    broker = broker_factory('[log]\nfsync_rules = "bulk/#=interval"\n')
+    sub = client_factory("rules-sub", 5)
+    sub.connect(broker.port)
+    sub.subscribe("#", qos=1)
+    pub = client_factory("rules-pub", 5)
+    pub.connect(broker.port)
+    pub.publish("bulk/a", "b", qos=1)
+    pub.publish("cmd/a", "c", qos=1)
+    got = {m.topic: split_position(m.properties.UserProperty)[1] for m in received(sub, 2)}
+    assert set(got) == {"bulk/a", "cmd/a"} and all(got.values())

@@ -21,7 +21,7 @@ from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
 from meshmq.log.errors import LogClosed, LogError
 from meshmq.log.record import Record
-from meshmq.log.writer import AppendResult, LogWriter
+from meshmq.log.writer import AppendResult, FsyncPolicy, LogWriter
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 T0 = 1_700_000_000_000
@@ -335,4 +335,33 @@ def test_event_loop_integration_with_one_wakeup_per_group(tmp_path: Path) -> Non
     assert sorted((r.partition, r.offset) for r in results) == sorted(
         (p, o) for p in range(2) for o in range(log.next_offset(p)))
     assert 1 <= wakeups[0] <= 500
+    log.close()
+
+
+def test_per_record_policy_overrides_the_writer_default(tmp_path: Path) -> None:
+    """With the default ``never``, a record submitted with ``always`` completes only after its
+    partition was fsynced; ``never`` records cause no fsync at all."""
+    synced: dict[int, int] = {}
+
+    def recording_fsync(fd: int) -> None:
+        size_before = os.fstat(fd)
+        os.fsync(fd)
+        synced[size_before.st_ino] = size_before.st_size
+
+    log = CommitLog(tmp_path, LogConfig(partitions=2), fsync=recording_fsync)
+    outcomes: queue.Queue = queue.Queue()
+    with LogWriter(log, fsync_policy="never") as writer:
+        writer.submit(Record.new("lazy/t", b"x", T0), outcomes.put)
+        assert isinstance(outcomes.get(timeout=WAIT), AppendResult)
+        assert writer.statistics().fsyncs == 0
+
+        def check(outcome: AppendResult | BaseException) -> None:
+            assert isinstance(outcome, AppendResult)
+            path = log.partition(outcome.partition).active_segment.log_path
+            now = os.stat(path)
+            outcomes.put(synced.get(now.st_ino) == now.st_size)
+
+        writer.submit(Record.new("cmd/t", b"y", T0), check, policy=FsyncPolicy.ALWAYS)
+        assert outcomes.get(timeout=WAIT) is True
+        assert writer.statistics().fsyncs == 1
     log.close()

@@ -32,9 +32,11 @@ from meshmq.broker.message import Message
 from meshmq.config import LogSettings
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
+from meshmq.log.errors import LogConfigError
 from meshmq.log.record import Record
-from meshmq.log.writer import AppendResult, LogWriter
-from meshmq.mqtt.topics import topic_matches
+from meshmq.log.writer import AppendResult, FsyncPolicy, LogWriter
+from meshmq.mqtt.errors import RemoteProtocolError
+from meshmq.mqtt.topics import topic_matches, validate_topic_filter
 
 log = logging.getLogger("meshmq.persistence")
 
@@ -47,6 +49,7 @@ class Persistence:
     def __init__(self, settings: LogSettings, data_dir: str, loop: asyncio.AbstractEventLoop):
         self.settings = settings
         self.loop = loop
+        self.fsync_rules = parse_fsync_rules(settings.fsync_rules)  # before opening anything
         self.filters = [f.strip() for f in settings.persist_filters.split(",") if f.strip()]
         config = LogConfig(
             partitions=settings.partitions,
@@ -64,6 +67,7 @@ class Persistence:
         self._lock = threading.Lock()
         self._scheduled = False
         self._cache: dict[str, bool] = {}
+        self._policies: dict[str, FsyncPolicy | None] = {}
         # Per partition, the offset after the last record routed to subscribers (catchup.py).
         self.high_watermark = [
             self.commit_log.next_offset(p) for p in range(self.commit_log.partition_count)
@@ -90,10 +94,27 @@ class Persistence:
             retain=message.retain, properties=message.encoded_properties(), client_id=client_id,
         )
         try:
-            self.writer.submit_nowait(record, lambda outcome: self._completed(done, outcome))
+            self.writer.submit_nowait(
+                record, lambda outcome: self._completed(done, outcome),
+                self._policy_for(message.topic),
+            )
         except queue.Full:
             return False
         return True
+
+    def _policy_for(self, topic: str) -> FsyncPolicy | None:
+        """The fsync policy of the first ``log.fsync_rules`` entry matching ``topic``."""
+        if not self.fsync_rules:
+            return None
+        policy = self._policies.get(topic, False)
+        if policy is False:
+            if len(self._policies) >= 10_000:
+                self._policies.clear()
+            policy = self._policies[topic] = next(
+                (rule for pattern, rule in self.fsync_rules if topic_matches(pattern, topic)),
+                None,
+            )
+        return policy  # type: ignore[return-value]
 
     def routed(self, partition: int, offset: int) -> None:
         """The record at ``offset`` is being routed: advance that partition's high watermark."""
@@ -136,3 +157,22 @@ class Persistence:
         self.writer.close()
         self.commit_log.close()
         log.info("commit log closed")
+
+
+def parse_fsync_rules(text: str) -> list[tuple[str, FsyncPolicy]]:
+    """``"a/#=interval, b/+=always"`` -> [(filter, policy)]; LogConfigError names a bad entry."""
+    rules = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        pattern, sep, policy = item.rpartition("=")
+        try:
+            if not sep:
+                raise ValueError
+            validate_topic_filter(pattern.strip())
+            rules.append((pattern.strip(), FsyncPolicy(policy.strip())))
+        except (ValueError, RemoteProtocolError):
+            raise LogConfigError(
+                f"log.fsync_rules: {item!r} is not FILTER=always|interval|never"
+            ) from None
+    return rules

@@ -20,6 +20,11 @@ Fsync policies (what a completed request promises):
 * ``never``: like ``interval`` without the timer; data reaches disk when the OS writes it
   back, when a segment rolls, or at ``close()``. A power loss can lose any amount.
 
+The policy is the writer's default; ``submit(..., policy=...)`` overrides it per record (the
+broker chooses by topic pattern). A group fsyncs the partitions holding ``always`` records
+before completing any of its requests; partitions written only by ``interval`` records join
+the timed set.
+
 After an fsync fails the state of the page cache is unknown, so the writer stops accepting
 work: that group's requests and every later one fail with ``LogError``. Retention runs on this
 thread every ``retention_check_interval_ms``, so every mutation of the log happens here.
@@ -66,6 +71,7 @@ DoneCallback = Callable[[AppendResult | BaseException], None]
 class _Request:
     record: Record
     done: DoneCallback
+    policy: FsyncPolicy
     outcome: AppendResult | BaseException | None = field(default=None)
 
 
@@ -112,17 +118,20 @@ class LogWriter:
 
     # -- producer side (any thread) -------------------------------------------------------
 
-    def submit(self, record: Record, done: DoneCallback, timeout: float | None = None) -> None:
+    def submit(self, record: Record, done: DoneCallback, timeout: float | None = None,
+               policy: FsyncPolicy | None = None) -> None:
         """Queue ``record`` for appending, waiting for room; ``done`` fires exactly once.
 
+        ``policy`` overrides the writer's fsync policy for this record (per topic pattern).
         Raises ``LogClosed`` after ``close()`` and ``queue.Full`` if ``timeout`` expires.
         """
         blocking = threading.current_thread() is not self._thread
-        self._enqueue(_Request(record, done), blocking, timeout)
+        self._enqueue(_Request(record, done, policy or self.fsync_policy), blocking, timeout)
 
-    def submit_nowait(self, record: Record, done: DoneCallback) -> None:
+    def submit_nowait(self, record: Record, done: DoneCallback,
+                      policy: FsyncPolicy | None = None) -> None:
         """Like ``submit`` but raises ``queue.Full`` at once when the queue is full."""
-        self._enqueue(_Request(record, done), False, None)
+        self._enqueue(_Request(record, done, policy or self.fsync_policy), False, None)
 
     def _enqueue(self, request: _Request, block: bool, timeout: float | None) -> None:
         if self._closed:
@@ -176,7 +185,7 @@ class LogWriter:
 
     def _idle_timeout(self) -> float:
         deadline = self._last_retention + self.retention_check_interval
-        if self._dirty and self.fsync_policy is FsyncPolicy.INTERVAL:
+        if self._dirty:  # only partitions written under the interval policy are dirty
             deadline = min(deadline, self._last_fsync + self.fsync_interval)
         return max(deadline - time.monotonic(), 0.0)
 
@@ -204,11 +213,19 @@ class LogWriter:
         if not group:
             return
         if self._failure is None:
-            written = self._append(group)
-            if self.fsync_policy is FsyncPolicy.ALWAYS:
-                self._sync(written)
-            else:
-                self._dirty |= written
+            self._append(group)
+            now_sync: set[int] = set()
+            later: set[int] = set()
+            for request in group:
+                outcome = request.outcome
+                if isinstance(outcome, AppendResult):
+                    if request.policy is FsyncPolicy.ALWAYS:
+                        now_sync.add(outcome.partition)
+                    elif request.policy is FsyncPolicy.INTERVAL:
+                        later.add(outcome.partition)
+            if now_sync:
+                self._sync(now_sync, timed=False)
+            self._dirty |= later - now_sync
             self._counts["groups"] += 1
         self._complete(group)
 
@@ -254,7 +271,7 @@ class LogWriter:
 
     def _housekeeping(self, now: float) -> None:
         interval_due = now - self._last_fsync >= self.fsync_interval
-        if self._dirty and self.fsync_policy is FsyncPolicy.INTERVAL and interval_due:
+        if self._dirty and interval_due:
             self._sync(self._dirty)
         if now - self._last_retention >= self.retention_check_interval:
             self._last_retention = now
@@ -263,7 +280,8 @@ class LogWriter:
             except Exception:
                 log.exception("retention failed; will retry")
 
-    def _sync(self, partitions: set[int]) -> None:
+    def _sync(self, partitions: set[int], timed: bool = True) -> None:
+        """fsync ``partitions``; ``timed``: this is the interval policy's periodic fsync."""
         if partitions and self._failure is None:
             try:
                 self.log.flush(sorted(partitions))
@@ -272,7 +290,8 @@ class LogWriter:
                 self._failure = LogError(f"log fsync failed: {exc}")
                 self._failure.__cause__ = exc
             self._counts["fsyncs"] += 1
-        self._last_fsync = time.monotonic()
+        if timed:
+            self._last_fsync = time.monotonic()
         self._dirty -= partitions
 
     def _notify(self, request: _Request, outcome: AppendResult | BaseException) -> None:
