@@ -127,6 +127,9 @@ class Refuser(asyncio.Protocol):
         events = conn.events_received()
         if events and events[0].type is PacketType.CONNECT:
             conn.send_connack(ReasonCode.QUOTA_EXCEEDED)
+        elif conn.error is not None:
+            log.info("protocol error on a refused connection listener=%s error=%r",
+                     self.listener.spec.name, str(conn.error))
         out = conn.data_to_send()
         if self.transport is not None:
             if out:
