@@ -619,7 +619,21 @@ class Broker:
         self.counters["wills"] += 1
         now = self.loop.time()
         message = Message.from_will(will, session.client_id, now)
-        self.router.publish(message, now)
+        persistence = self.persistence
+        if persistence is not None and persistence.wants(message.topic, message.qos):
+            def durable(outcome: object) -> None:  # like any publish: in the log, then routed
+                if not isinstance(outcome, BaseException):
+                    message.set_position(*outcome)  # type: ignore[misc]
+                    persistence.routed(*outcome)  # type: ignore[misc]
+                self._route_will(message)
+
+            if persistence.append(message, session.client_id, durable):
+                return
+            log.warning("will not persisted, log queue full client_id=%s", session.client_id)
+        self._route_will(message)
+
+    def _route_will(self, message: Message) -> None:
+        self.router.publish(message, self.loop.time())
         if message.retain:
             self.keeper.retained(message.topic, message if message.payload else None)
 
