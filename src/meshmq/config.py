@@ -90,6 +90,7 @@ class LogSettings:
     partitions: int = 8
     key_level: int = -1
     segment_bytes: int = 64 * 1024 * 1024
+    segment_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int = -1
     retention_ms: int = 7 * 24 * 3600 * 1000
     queue_size: int = 100_000
@@ -279,6 +280,7 @@ _KEYS: dict[str, _Key] = {
     "log.key_level": _Key(
         int, (-1, 128), "topic level hashed to pick a partition; -1 = the whole topic"),
     "log.segment_bytes": _Key(int, (1024, 2**31 - 1), "segment size at which a new one starts"),
+    "log.segment_ms": _Key(int, (1, None), "segment age at which a new one starts"),
     "log.retention_bytes": _Key(int, (-1, None), "bytes kept per partition; -1 = no limit"),
     "log.retention_ms": _Key(int, (-1, None), "age after which segments are deleted; -1 = never"),
     "log.queue_size": _Key(

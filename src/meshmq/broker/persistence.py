@@ -54,6 +54,7 @@ class Persistence:
         config = LogConfig(
             partitions=settings.partitions,
             segment_bytes=settings.segment_bytes,
+            segment_ms=settings.segment_ms,
             retention_bytes=settings.retention_bytes,
             retention_ms=settings.retention_ms,
             key_level=None if settings.key_level < 0 else settings.key_level,
