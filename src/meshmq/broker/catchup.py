@@ -65,6 +65,18 @@ class CatchUp:
     dup_below: list[int] | None = None  # records below these offsets may have been sent before
     lost: int = 0  # records deleted by retention before this session could read them
     _skipped: dict[int, int] = field(default_factory=dict)
+    _matched: dict[tuple[str, str], bool] = field(default_factory=dict)
+
+    def _matches(self, topic_filter: str, topic: str) -> bool:
+        """``topic_matches``, cached per (filter, topic): a catch-up sees the same few topics
+        over and over."""
+        key = (topic_filter, topic)
+        found = self._matched.get(key)
+        if found is None:
+            if len(self._matched) >= 10_000:
+                self._matched.clear()
+            found = self._matched[key] = topic_matches(topic_filter, topic)
+        return found
 
     # ------------------------------------------------------------------ construction
 
@@ -86,7 +98,7 @@ class CatchUp:
         """Will this catch-up deliver the persisted message at ``position`` on ``topic``?"""
         partition, offset = position
         return any(
-            f.start[partition] <= offset and topic_matches(f.topic_filter, topic)
+            f.start[partition] <= offset and self._matches(f.topic_filter, topic)
             for f in self.filters
         )
 
@@ -156,7 +168,7 @@ class CatchUp:
         offset = record.offset
         chosen: Subscription | None = None
         for f in self.filters:
-            if f.start[partition] > offset or not topic_matches(f.topic_filter, record.topic):
+            if f.start[partition] > offset or not self._matches(f.topic_filter, record.topic):
                 continue
             sub = f.subscription or subscriptions.get(f.topic_filter)
             if sub is None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import random
 import struct
 import time
 import zlib
@@ -122,8 +123,13 @@ def new_message_id(now_ms: int) -> bytes:
     """A 128-bit id that sorts by time: 48-bit big-endian milliseconds, then 80 random bits.
 
     Ids made in the same millisecond are unique (with overwhelming probability) but unordered.
+    The random bits come from a generator seeded once from ``os.urandom`` (a system call per
+    message cost ~4% of the broker's time); ids need uniqueness, not secrecy.
     """
-    return (now_ms & 0xFFFF_FFFF_FFFF).to_bytes(6, "big") + os.urandom(10)
+    return ((now_ms & 0xFFFF_FFFF_FFFF) << 80 | _ids.getrandbits(80)).to_bytes(16, "big")
+
+
+_ids = random.Random(os.urandom(32))
 
 
 def wall_clock_ms() -> int:
