@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,25 @@ def test_deny_inside_an_allowed_filter_holds_per_delivery(guarded, raw_factory) 
     owner = raw_factory(guarded.port, 5)
     owner.connect("d1-reader")
     assert owner.subscribe("devices/d1/secret", qos=1).reason_codes == [0x87]
+
+
+def test_sighup_reloads_the_acl_file_and_keeps_connections(tmp_path: Path, raw_factory) -> None:
+    """SIGHUP re-reads the ACL file: a new rule applies to the next SUBSCRIBE of a client that
+    stayed connected; a broken file is logged and the rules in force stay."""
+    acl = tmp_path / "acl"
+    acl.write_text("* read open/#\n")
+    broker = start_broker(tmp_path, f'[auth]\nacl_file = "{acl}"\n', "reloading")
+    try:
+        raw = raw_factory(broker.port, 5)
+        raw.connect("c1")
+        assert raw.subscribe("later/#", qos=1).reason_codes == [0x87]
+        acl.write_text("* read open/#\n* read later/#\n")
+        broker.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "ACL file reloaded" in broker.log(), what="the reload")
+        assert raw.subscribe("later/#", qos=1).reason_codes == [1]
+        acl.write_text("* bogus-access later/#\n")
+        broker.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "ACL file not reloaded" in broker.log(), what="the refused reload")
+        assert raw.subscribe("open/#", qos=1).reason_codes == [1]
+    finally:
+        broker.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,16 @@ def test_anonymous_beyond_loopback_warns_loudly(tmp_path: Path) -> None:
         wait_for(lambda: "ANONYMOUS ACCESS IS ON" in broker.log(), what="the warning")
     finally:
         broker.stop()
+
+
+def test_sighup_reloads_the_password_file(secured, password_file: Path, raw_factory) -> None:
+    """A user added while the broker runs can connect after SIGHUP; a removed one cannot."""
+    added = passwd("add", str(password_file), "carol", "--password-stdin", stdin="c4r0l\n")
+    assert added.returncode == 0, added.stderr
+    assert passwd("rm", str(password_file), "bob").returncode == 0
+    secured.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "password file reloaded users=2" in secured.log(), what="the reload")
+    carol = raw_factory(secured.port, 5)
+    assert carol.connect("carol", username="carol", password=b"c4r0l").reason_code == 0
+    bob = raw_factory(secured.port, 5)
+    assert bob.connect("bob", username="bob", password=b"builder").reason_code == 0x86

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from meshmq.auth.passwords import PasswordVerifier
+from meshmq.auth.passwords import PasswordFileError, PasswordVerifier
 from meshmq.config import AuthConfig
 from meshmq.mqtt.packets import Connect
 from meshmq.mqtt.reason_codes import ReasonCode
@@ -58,6 +58,18 @@ class Authenticator:
         self.pending -= 1
         ok = not future.cancelled() and future.exception() is None and future.result()
         done(0 if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+
+    def reload(self, password_file: str) -> None:
+        """Re-read the password file (SIGHUP); on error keep the users loaded before."""
+        if self.verifier is None:
+            return  # no password file at start-up: nothing to reload
+        try:
+            verifier = PasswordVerifier.from_file(password_file)
+        except PasswordFileError as error:
+            log.error("password file not reloaded, keeping the previous users: %s", error)
+            return
+        self.verifier = verifier
+        log.info("password file reloaded users=%d", len(verifier))
 
     def close(self) -> None:
         if self._pool is not None:

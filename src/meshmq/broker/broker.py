@@ -31,7 +31,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from meshmq.auth.acl import AccessControl
+from meshmq.auth.acl import AccessControl, ACLFileError
 from meshmq.broker.authn import Authenticator
 from meshmq.broker.keeper import StateKeeper
 from meshmq.broker.message import Message
@@ -296,6 +296,24 @@ class Broker:
                 self._end_session(session, self.now())
             else:
                 session.expiry_handle = self.loop.call_later(remaining, self._expire, session)
+
+    def reload_auth(self) -> None:
+        """SIGHUP: re-read the password and ACL files. A file that fails to load is logged
+        and the rules in force stay; connected clients keep their sessions."""
+        auth = self.config.auth
+        if auth.password_file:
+            self.authenticator.reload(auth.password_file)
+        if auth.acl_file and self.acl is not None:
+            try:
+                acl = AccessControl.from_file(auth.acl_file)
+            except ACLFileError as error:
+                log.error("ACL file not reloaded, keeping the previous rules: %s", error)
+                return
+            self.acl = acl
+            for session in self.sessions.values():
+                session.may_receive = partial(acl.can_receive, session.username,
+                                              session.client_id)
+            log.info("ACL file reloaded")
 
     def close(self) -> None:
         """After ``shutdown()``: finish the log's queued appends, then store the state."""

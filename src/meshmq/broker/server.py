@@ -52,10 +52,13 @@ class BrokerServer:
             os.replace(tmp, cfg.port_file)  # readers never see a half-written file
 
     def reload(self) -> None:
-        """SIGHUP: re-read the TLS certificate files (existing connections are kept)."""
+        """SIGHUP: re-read TLS certificates, the password file and the ACL file (existing
+        connections are kept; a file that fails to load leaves the old one in force)."""
         log.info("SIGHUP: reloading")
         if self.listeners is not None:
             self.listeners.reload_tls()
+        if self.broker is not None:
+            self.broker.reload_auth()
 
     async def stop(self) -> None:
         if self.listeners is not None:
