@@ -31,12 +31,12 @@ test: $(VENV)/.installed
 	    echo "note: mosquitto-clients not installed; interop tests will be skipped"; \
 	  fi; \
 	}
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 ## Lint only.
 lint: $(VENV)/.installed
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests bench
 
 ## Remove the virtualenv and build/test caches (not ./data).
 clean:
