@@ -18,7 +18,13 @@ receive maximum we granted, QoS/retain availability, server-only packet types, t
 expiry rule of DISCONNECT. A violation never raises out of ``receive_data()``: it is stored in
 ``error``, the right CONNACK or DISCONNECT is queued (5.0; 3.1.1 just closes), the state becomes
 CLOSED and later input is discarded. The I/O layer closes the socket once it has written
-``data_to_send()`` and sees ``closed``.
+``data_to_send()`` and sees ``closed``. A CONNECT refused that way (an error in the same bytes,
+before CONNACK) is withdrawn from the events: the broker never acts on it, and a late
+``send_connack()`` on a CLOSED connection does nothing.
+
+With ``max_events`` set, one ``receive_data()`` call parses at most that many packets and keeps
+the rest; ``input_pending`` then asks the I/O layer to call ``receive_data(b"")`` again, e.g.
+on the next loop turn, so one peer's large read cannot monopolise the event loop.
 """
 
 from __future__ import annotations
@@ -178,10 +184,10 @@ class ServerConnection:
             if self.state is AWAIT_CONNECT and data and data[0] != 0x10:
                 # MQTT-3.1.0-1: anything else (HTTP, TLS, noise) is refused at its first byte
                 raise RemoteProtocolError(f"first byte 0x{data[0]:02X} is not CONNECT")
-            limit = self.max_events
+            limit = self.max_events or -1  # -1: never reached
             parsed = 0
             while pos < end:
-                if parsed == limit:  # never true for limit 0
+                if parsed == limit:
                     self._buffer = [data[pos:end]]  # parsed on the next call
                     self._need = 0
                     self._more = True
