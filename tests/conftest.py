@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -209,6 +210,38 @@ def client_factory() -> Iterator[Callable[..., Client]]:
         except Exception:
             pass
         client.paho.loop_stop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local SparkSession for the whole test run (start-up costs ~10 s).
+
+    Every test module under ``tests/pipeline`` sets ``pytestmark =
+    pytest.mark.xdist_group("spark")`` so that, with ``pytest -n 2 --dist loadgroup``, all Spark
+    tests run in the same worker and share this session. It lives here, not in a
+    ``tests/pipeline/conftest.py``: a second conftest module would shadow this one for the
+    ``from conftest import ...`` lines of the other test modules.
+    """
+    pytest.importorskip("pyspark")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("meshmq-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        # Test data is small: C1-only JIT and a serial GC halve JVM start-up on 2 busy cores.
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
 
 
 @pytest.fixture
