@@ -29,7 +29,8 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from meshmq.log.record import HEADER_SIZE, RECORD_PREFIX_SIZE, BatchHeader
+from meshmq.log.errors import CorruptBatch, IncompleteBatch
+from meshmq.log.record import HEADER_SIZE, RECORD_PREFIX_SIZE, BatchHeader, decode_batch
 from meshmq.pipeline.errors import CorruptLog
 from meshmq.pipeline.options import TopicFilter
 from meshmq.pipeline.properties import properties_map
@@ -54,10 +55,12 @@ class ColumnBuilder:
         self._topic_cache: dict[bytes, bool] = {}
         self._pieces: list[pa.RecordBatch] = []
         self._rows = 0
+        self.nbytes = 0  # Arrow bytes of the pieces decoded so far
         self._data = b""
-        self._where = ("", 0)  # file and byte where the current buffer starts, for errors
+        self._path = ""  # the segment file, for errors
         self._positions: list[int] = []  # record starts in self._data
         self._batches: list[tuple[int, int, int]] = []  # (base offset, first ts, records kept)
+        self._places: list[tuple[int, int]] = []  # (start in self._data, start in the file)
 
     def __len__(self) -> int:
         return self._rows + len(self._positions)
@@ -69,7 +72,7 @@ class ColumnBuilder:
         ``CorruptLog`` raised if its records do not fit it."""
         if data is not self._data:
             self._finish_buffer()
-            self._data, self._where = data, (path, position)
+            self._data, self._path = data, path
         kept = len(self._positions)
         whole = start <= header.base_offset and header.last_offset < end
         if whole and self.topics is None:
@@ -80,6 +83,7 @@ class ColumnBuilder:
             raise CorruptLog(path, position, "record lengths disagree with the batch length")
         self._batches.append((header.base_offset, header.first_timestamp,
                               len(self._positions) - kept))
+        self._places.append((at, position))
 
     def _walk_all(self, data: bytes, p: int, count: int) -> int:
         lengths, keep = _LENGTHS.unpack_from, self._positions.append
@@ -131,17 +135,25 @@ class ColumnBuilder:
             try:
                 piece = _decode(self.partition, self._data, self._positions, self._batches)
             except (pa.ArrowInvalid, IndexError, ValueError) as exc:
-                path, position = self._where
-                raise CorruptLog(path, position, f"malformed record in the batches from here:"
-                                 f" {exc}") from None
+                raise self._locate_damage(str(exc)) from None
             self._pieces.append(piece)
             self._rows += piece.num_rows
-        self._positions, self._batches = [], []
+            self.nbytes += piece.nbytes
+        self._positions, self._batches, self._places = [], [], []
+
+    def _locate_damage(self, reason: str) -> CorruptLog:
+        """The error naming the first batch of the buffer whose records do not decode."""
+        for at, position in self._places:
+            try:
+                decode_batch(self._data, at)  # the engine's full check, record by record
+            except (CorruptBatch, IncompleteBatch) as exc:
+                return CorruptLog(self._path, position, str(exc))
+        return CorruptLog(self._path, self._places[0][1], f"malformed record: {reason}")
 
     def build(self) -> pa.RecordBatch:
         """Every kept record as one ``RecordBatch``; the builder starts empty again."""
         self._finish_buffer()
-        pieces, self._pieces, self._rows = self._pieces, [], 0
+        pieces, self._pieces, self._rows, self.nbytes = self._pieces, [], 0, 0
         if not pieces:
             return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
         return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)

@@ -51,6 +51,7 @@ LOG_DIRECTORY = "log"
 SUPPORTED_FORMAT = ("meshmq-log", 1)
 READ_CHUNK_BYTES = 4 * 1024 * 1024
 _TIME_ENTRY = struct.Struct(">QI")
+_INDEX_TRIES = 8  # index entries checked before a damaged index is given up for byte 0
 
 
 class LogDirectory:
@@ -229,7 +230,8 @@ class SegmentFile:
         """One past the last record of the last whole batch (``base_offset`` when empty)."""
         relative, positions = self._load_offset_index()
         position, next_offset = 0, self.base_offset
-        for i in range(len(relative) - 1, -1, -1):  # start at the last entry that checks out
+        last = len(relative) - 1
+        for i in range(last, max(last - _INDEX_TRIES, -1), -1):  # the last entry that checks out
             checked = self._checked_position(relative[i], positions[i])
             if checked is not None:  # whole batches precede it: the next offset is at least its
                 position, next_offset = checked, self.base_offset + relative[i]
@@ -243,12 +245,11 @@ class SegmentFile:
     def position_for(self, offset: int) -> int:
         """A byte position at or before the batch holding ``offset`` (0 if the index fails)."""
         relative, positions = self._load_offset_index()
-        i = bisect.bisect_right(relative, offset - self.base_offset)
-        while i > 0:
+        found = bisect.bisect_right(relative, offset - self.base_offset)
+        for i in range(found, max(found - _INDEX_TRIES, 0), -1):
             position = self._checked_position(relative[i - 1], positions[i - 1])
             if position is not None:
                 return position
-            i -= 1
         return 0
 
     def _checked_position(self, relative: int, position: int) -> int | None:

@@ -30,6 +30,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from urllib.parse import unquote
 
 from meshmq.mqtt.errors import MQTTError
 from meshmq.mqtt.topics import parse_shared_filter, topic_matches, validate_topic_filter
@@ -140,7 +141,13 @@ def _parse_path(opts: dict[str, str]) -> str:
         raise SourceOptionError(
             "no path: use .load(data_dir) or .option(\"path\", data_dir) with the broker's"
             " data_dir or its log directory")
-    return path
+    scheme, _, rest = path.partition("://")
+    if not rest or "/" in scheme:
+        return path
+    if scheme.lower() != "file":
+        raise SourceOptionError(f"path {path!r}: the meshmq source reads files on a local or"
+                                " shared mount (file:// or a plain path), not " + scheme)
+    return unquote(rest[rest.index("/"):]) if "/" in rest else path
 
 
 def _parse_spec(opts: dict[str, str], which: str, default: Position) -> PositionSpec:

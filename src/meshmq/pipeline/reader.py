@@ -11,7 +11,7 @@ it, and records the broker appends meanwhile are left to the next read.
 
 On an executor ``read_split`` opens the segment read-only, jumps close to ``start`` with the
 offset index, decodes the checksummed batches into Arrow columns (``columns.py``) and yields
-a ``pyarrow.RecordBatch`` every ``ARROW_BATCH_ROWS`` records.
+a ``pyarrow.RecordBatch`` every ``ARROW_BATCH_ROWS`` records (or ``ARROW_BATCH_BYTES``).
 
 Retention may delete records that a plan refers to, before planning (``start`` below the
 partition's first offset) or between planning and reading (the segment file is gone). With
@@ -31,12 +31,13 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from meshmq.pipeline.columns import ColumnBuilder
 from meshmq.pipeline.errors import DataLossError, SourceOptionError
-from meshmq.pipeline.logdir import LogDirectory
+from meshmq.pipeline.logdir import LogDirectory, SegmentFile
 from meshmq.pipeline.options import EARLIEST, LATEST, Position, ReadOptions, Timestamp
 
 log = logging.getLogger("meshmq.pipeline")
 
 ARROW_BATCH_ROWS = 32_768
+ARROW_BATCH_BYTES = 64 * 1024 * 1024  # and at most about this much (large payloads)
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,9 @@ def report_data_loss(partition: int, start: int, end: int, detail: str,
 
 def read_split(split: SegmentSplit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     """Every wanted record of ``split`` as Arrow batches of up to ``ARROW_BATCH_ROWS`` rows."""
-    directory = LogDirectory(Path(split.log_dir), 0)
     try:
-        segment = directory.segment(split.partition, split.segment_base, last=split.last)
+        segment = SegmentFile(Path(split.log_dir) / str(split.partition), split.segment_base,
+                              last=split.last)
     except FileNotFoundError:
         report_data_loss(split.partition, split.start, split.end,
                          f"segment {split.segment_base} was deleted by retention",
@@ -151,7 +152,7 @@ def read_split(split: SegmentSplit, options: ReadOptions) -> Iterator[pa.RecordB
             builder.add_batch(header, data, at, split.start, split.end, str(segment.path),
                               position)
             seen = header.last_offset + 1
-            if len(builder) >= ARROW_BATCH_ROWS:
+            if len(builder) >= ARROW_BATCH_ROWS or builder.nbytes >= ARROW_BATCH_BYTES:
                 yield builder.build()
     if len(builder):
         yield builder.build()

@@ -39,6 +39,7 @@ from meshmq.pipeline.reader import (
     SegmentSplit,
     plan_splits,
     read_split,
+    report_data_loss,
     resolve_position,
 )
 
@@ -75,12 +76,13 @@ def cap_offsets(start: Offsets, end: Offsets, max_records: int) -> Offsets:
     total = sum(waiting.values())
     if total <= max_records:
         return dict(end)
-    capped = {p: start[p] + waiting[p] * max_records // total for p in start}
-    spare = max_records - sum(capped[p] - start[p] for p in start)
+    capped = {p: start[p] + waiting[p] * max_records // total if waiting[p] else end[p]
+              for p in start}  # an end moved back (after data loss) is kept as it is
+    spare = max_records - sum(capped[p] - start[p] for p in start if waiting[p])
     for p in sorted(start, key=lambda p: waiting[p] - (capped[p] - start[p]), reverse=True):
         if spare <= 0:
             break
-        if capped[p] < start[p] + waiting[p]:
+        if waiting[p] and capped[p] < start[p] + waiting[p]:
             capped[p] += 1
             spare -= 1
     return capped
@@ -111,10 +113,17 @@ class MeshmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         directory = self._directory()
         current = offsets_from_json(start, directory.partitions)
-        latest = self._latest(directory)
-        if self._target is not None:
-            latest = {p: min(latest[p], self._target[p]) for p in latest}
-        end = {p: max(current[p], latest[p]) for p in latest}
+        end = {}
+        for p, latest in self._latest(directory).items():
+            if latest < current[p]:  # the log was truncated or replaced under the stream
+                report_data_loss(p, latest, current[p], "the log now ends before the stream's"
+                                 " position: truncated or replaced",
+                                 self.options.fail_on_data_loss)
+                end[p] = latest  # carry on from the new end of the log
+            elif self._target is not None:
+                end[p] = max(current[p], min(latest, self._target[p]))
+            else:
+                end[p] = latest
         if isinstance(limit, ReadMaxRows):
             end = cap_offsets(current, end, limit.max_rows)
         return offsets_to_json(end)
