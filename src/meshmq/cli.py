@@ -30,8 +30,12 @@ SERVE_OVERRIDES = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["pipeline"]:  # own parser, imported late: only the pipeline needs pyspark
-        from meshmq.pipeline.cli import main as pipeline_main
-
+        try:
+            from meshmq.pipeline.cli import main as pipeline_main
+        except ImportError as exc:
+            print(f"meshmq pipeline: error: {exc}: install the spark extra "
+                  "(pip install 'meshmq[spark]')", file=sys.stderr)
+            return 2
         return pipeline_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

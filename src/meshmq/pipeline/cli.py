@@ -11,6 +11,7 @@ taken: one line on stderr, the trace with ``--verbose``); 2 bad usage or bad inp
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -30,6 +31,9 @@ from meshmq.pipeline.jobs.common import (
 )
 
 PROG = "meshmq pipeline"
+_PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$")
+# Source errors that mean the input is wrong, not that the job broke: exit status 2.
+BAD_INPUT_ERRORS = ("SourceOptionError: ", "LogNotFound: ")
 
 
 def build_parser(prog: str = PROG, master: str | None = DEFAULT_MASTER
@@ -83,7 +87,7 @@ def add_job_commands(parser: argparse.ArgumentParser, master: str | None) -> Non
     alerts.add_argument("--client-id", default="meshmq-alerts")
     alerts.add_argument("--topic-prefix", default="alerts", help="first topic level (alerts)")
     alerts.add_argument("--ledger", metavar="FILE",
-                        help="alerts ledger (default: CHECKPOINT.ledger.json)")
+                        help="alerts ledger (default: TELEMETRY/_checkpoints/alerts.ledger.json)")
     alerts.add_argument("--resend-unconfirmed", action="store_true",
                         help="resend alerts left unconfirmed by a crash (at least once)")
     alerts.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
@@ -165,15 +169,21 @@ def _positive(text: str) -> int:
 
 def run_job(args: argparse.Namespace) -> int:
     """Run the chosen job; turn failures into one line and an exit status."""
+    from meshmq.pipeline.jobs.interrupts import Interrupts
+
     try:
-        return args.job_run(args)
+        with Interrupts().installed():
+            return args.job_run(args)
     except JobError as exc:
         return _fail(args, f"error: {exc}", 2)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # Spark, Py4J, broker: one line unless --verbose
-        return _fail(args, f"failed: {_first_line(exc)}", 1)
+        line = one_line(exc)
+        if line.startswith(BAD_INPUT_ERRORS):  # the source refused an option or a path
+            return _fail(args, f"error: {line}", 2)
+        return _fail(args, f"failed: {line}", 1)
 
 
 def _fail(args: argparse.Namespace, message: str, status: int) -> int:
@@ -183,12 +193,19 @@ def _fail(args: argparse.Namespace, message: str, status: int) -> int:
     return status
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return text
+def one_line(exc: BaseException) -> str:
+    """The line of an error worth showing. Spark wraps a Python error raised in a data source
+    or a worker as "[ERROR_CLASS] ...: Traceback ..." plus a Java trace: show the Python
+    exception's own line (``SourceOptionError: unknown option 'bogus' ...``) instead."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if any("Traceback (most recent call last)" in line for line in lines):
+        for line in reversed(lines):
+            match = _PYTHON_ERROR.match(line)
+            if match:
+                return f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
+    return lines[0]
 
 
 def _session(args: argparse.Namespace, job: str) -> Any:

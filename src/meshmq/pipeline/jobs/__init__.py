@@ -2,10 +2,12 @@
 
 ``telemetry``  JSON telemetry -> per-device window aggregates, bad payloads quarantined
 ``archive``    raw records -> Parquet partitioned by date and topic root
-``alerts``     threshold ``rules`` over the aggregates -> MQTT, at most once (``ledger``)
+``alerts``     threshold ``rules`` over the aggregates -> MQTT (``publisher``), at most once
+               per window and rule (``ledger``)
 ``report``     a PNG and an HTML page
 ``demo``       simulated devices, then telemetry, alerts and report
-``common``     sessions, options, topic filters; ``submit`` is the spark-submit entry
+``common``     sessions, options, topic filters; ``interrupts`` (Ctrl-C); ``submit`` is the
+               spark-submit entry
 
 Every job is a function of a SparkSession and an options dataclass; ``meshmq.pipeline.cli``
 builds both from the command line. docs/pipeline.md ("Jobs") is the user's guide.

@@ -17,8 +17,9 @@ most one alert whatever is replayed: the same batch, the whole table in batch mo
 checkpoint. The only alerts that can be lost are those ``pending`` when a run died (sent, no
 PUBACK seen): they are reported and, unless ``resend_unconfirmed``, not resent.
 
-The ledger is a file on the driver next to the checkpoint; the publishing happens on the
-driver too (``foreachBatch`` runs there), on the collected candidates, which are few.
+The ledger is a file on the driver, by default next to the default checkpoint. Publishing
+happens on the driver too (``foreachBatch`` runs there), from the collected candidates, which
+are few.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class AlertsOptions:
     telemetry: str  # the telemetry job's output directory (reads its ``aggregates``)
     rules: tuple[Rule, ...]
     target: MqttTarget = field(default_factory=MqttTarget)
-    ledger: str = ""  # default: next to the checkpoint, or under the telemetry output
+    ledger: str = ""  # default: see ledger_path()
     topic_prefix: str = "alerts"
     resend_unconfirmed: bool = False
 
@@ -63,13 +64,15 @@ class AlertsOptions:
     def aggregates_path(self) -> str:
         return qualify(self.telemetry) + "/aggregates"
 
-    def ledger_path(self, checkpoint: str | None) -> Path:
+    def ledger_path(self) -> Path:
+        """``--ledger``, else ``TELEMETRY/_checkpoints/alerts.ledger.json``: one ledger for
+        batch and streaming runs and whatever checkpoint they use."""
         if self.ledger:
             return Path(self.ledger)
-        base = checkpoint or f"{qualify(self.telemetry)}/_checkpoints/alerts"
-        if not is_local(base):
-            raise JobError("--ledger is required when the checkpoint is not a local path")
-        return Path(base.removeprefix("file://") + ".ledger.json")
+        default = f"{qualify(self.telemetry)}/_checkpoints/alerts.ledger.json"
+        if not is_local(default):
+            raise JobError("--ledger is required when --telemetry is not a local path")
+        return Path(default.removeprefix("file://"))
 
 
 @dataclass
@@ -228,7 +231,7 @@ def _check_input(options: AlertsOptions) -> None:
 def run_batch(spark: SparkSession, options: AlertsOptions) -> AlertsResult:
     """Evaluate the rules over the whole aggregates table and publish what is new."""
     _check_input(options)
-    delivery = AlertDelivery(options, options.ledger_path(None))
+    delivery = AlertDelivery(options, options.ledger_path())
     try:
         aggregates = spark.read.schema(AGGREGATES_SCHEMA).parquet(options.aggregates_path)
         rows = [row.asDict() for row in evaluate(aggregates, options.rules).collect()]
@@ -243,7 +246,7 @@ def start_stream(spark: SparkSession, options: AlertsOptions,
     """Start the alerting query over new aggregate files; close the delivery once it stops."""
     _check_input(options)
     checkpoint = qualify(stream.checkpoint)
-    delivery = AlertDelivery(options, options.ledger_path(checkpoint), checkpoint)
+    delivery = AlertDelivery(options, options.ledger_path(), checkpoint)
     try:
         aggregates = spark.readStream.schema(AGGREGATES_SCHEMA).parquet(options.aggregates_path)
         writer = (aggregates.writeStream.foreachBatch(delivery.on_batch)
@@ -258,7 +261,7 @@ def run_stream(spark: SparkSession, options: AlertsOptions,
                stream: StreamSettings) -> AlertsResult:
     query, delivery = start_stream(spark, options, stream)
     try:
-        await_queries([query], stream.trigger)
+        await_queries([query])
     except Exception:
         if delivery.error is not None:
             raise delivery.error from None

@@ -72,6 +72,6 @@ def start_stream(spark: SparkSession, options: ArchiveOptions, stream: StreamSet
 
 def run_stream(spark: SparkSession, options: ArchiveOptions, stream: StreamSettings) -> str:
     query = start_stream(spark, options, stream)
-    await_queries([query], stream.trigger)
+    await_queries([query])
     appended = sum(progress.numInputRows for progress in query.recentProgress)
     return f"archive: {appended} records appended to {qualify(options.output)}"

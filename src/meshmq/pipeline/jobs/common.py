@@ -25,9 +25,17 @@ if TYPE_CHECKING:
 DEFAULT_MASTER = "local[*]"
 AVAILABLE_NOW = "available-now"
 
-# Spark's own log configuration is replaced by this one unless --verbose: errors only.
+# Spark's own log configuration is replaced by this one unless --verbose: a job's failure is
+# reported by the command line in one line, so Spark's ERROR traces (an aborted write, a
+# cancelled stage) would only repeat it at length.
 _QUIET_LOG4J2 = """\
-rootLogger.level = error
+rootLogger.level = fatal
+# PySpark's gateway counts as a REPL: Spark resets the root level to the level of the class
+# that starts logging (default WARN, announced on stderr) unless they are equal.
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = fatal
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = fatal
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
 appender.console.name = console
@@ -36,8 +44,9 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
 """
 
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|milliseconds?|seconds?|minutes?|hours?|days?)\s*$",
-                       re.IGNORECASE)
+_DURATION = re.compile(
+    r"^\s*(\d{1,9})\s*(ms|s|m|h|d|milliseconds?|seconds?|minutes?|hours?|days?)\s*$",
+    re.IGNORECASE | re.ASCII)
 _UNIT_NAMES = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
@@ -134,11 +143,11 @@ def is_local(path: str) -> bool:
 
 
 def check_log_dir(data_dir: str) -> str:
-    """The broker data directory, qualified; ``JobError`` if it holds no meshmq log."""
+    """The broker data directory (or its ``log``), qualified; ``JobError`` if no log is there."""
     path = qualify(data_dir)
     if is_local(path):
-        meta = Path(path.removeprefix("file://")) / "log" / "meta.json"
-        if not meta.is_file():
+        local = Path(path.removeprefix("file://"))
+        if not ((local / "log" / "meta.json").is_file() or (local / "meta.json").is_file()):
             raise JobError(f"{data_dir}: not a meshmq data directory (no log/meta.json)")
     return path
 
@@ -176,21 +185,21 @@ def apply_trigger(writer: DataStreamWriter, trigger: str) -> DataStreamWriter:
     return writer.trigger(processingTime=trigger)
 
 
-def await_queries(queries: list[Any], trigger: str) -> None:
-    """Wait for streaming queries: until done (available-now) or until Ctrl-C (interval).
+def await_queries(queries: list[Any]) -> None:
+    """Wait until every query has stopped (available-now) or one fails, or until Ctrl-C.
 
-    On Ctrl-C or an error in one query, every query is stopped before returning or raising.
+    A failed query's exception is raised; every query still running is stopped first.
     """
+    pending = list(queries)
     try:
-        for query in queries:
-            query.awaitTermination()
+        while pending:
+            for query in list(pending):
+                if query.awaitTermination(0.5):  # raises if the query failed
+                    pending.remove(query)
     finally:
         for query in queries:
             if query.isActive:
                 query.stop()
-    for query in queries:
-        if query.exception() is not None:
-            raise query.exception()
 
 
 def create_session(app_name: str, master: str | None = DEFAULT_MASTER, verbose: bool = False,
@@ -198,35 +207,39 @@ def create_session(app_name: str, master: str | None = DEFAULT_MASTER, verbose: 
     """A SparkSession for a job run from the command line.
 
     ``master=None`` leaves the master to ``spark-submit``. Local masters get 127.0.0.1, this
-    interpreter on the executors and no web UI; every session computes in UTC and shows Spark's
-    console progress bar. Unless ``verbose``, Spark logs errors only.
+    interpreter on the executors, no web UI and a log4j2 configuration that is quiet from the
+    JVM's first line; every session computes in UTC and shows Spark's console progress bar.
+    Unless ``verbose``, Spark logs nothing below FATAL once its context has started.
     """
     from pyspark.sql import SparkSession
 
-    local = master is None or master.startswith("local")
-    if local:
+    local = master is not None and master.startswith("local")
+    if local:  # (under spark-submit, master is None: the environment is spark-submit's)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    settings = {
-        "spark.sql.session.timeZone": "UTC",
-        "spark.ui.showConsoleProgress": "true",
-    }
-    if master is not None and master.startswith("local"):
+    settings = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "true"}
+    if local:
         settings.update({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "8",
                          "spark.driver.bindAddress": "127.0.0.1"})
     if not verbose:
-        settings["spark.driver.extraJavaOptions"] = (
-            f"-Dlog4j2.configurationFile=file:{_quiet_log_config()}")
+        settings["spark.log.level"] = "FATAL"  # from SparkContext start-up on
+        if local:  # we launch the JVM: silence it from the first line (a cluster's
+            # spark-defaults.conf may set driver options of its own: leave those alone)
+            settings["spark.driver.extraJavaOptions"] = (
+                f"-Dlog4j2.configurationFile=file:{_quiet_log_config()}")
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     if not verbose:
-        session.sparkContext.setLogLevel("ERROR")
+        session.sparkContext.setLogLevel("FATAL")
+    from meshmq.pipeline.jobs.interrupts import adopt_session
+
+    adopt_session(session)
     return session
 
 

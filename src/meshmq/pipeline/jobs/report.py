@@ -140,7 +140,8 @@ def draw(data: ReportData, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     panels = 2 + len(data.series)
-    figure, axes = plt.subplots(panels, 1, figsize=(10, 3.2 * panels), squeeze=False)
+    figure, axes = plt.subplots(panels, 1, figsize=(10, 3.2 * panels), squeeze=False,
+                                layout="constrained")
     figure.suptitle(title)
     rate_axes, root_axes = axes[0][0], axes[1][0]
     if data.rates:
@@ -166,7 +167,6 @@ def draw(data: ReportData, path: Path, title: str) -> None:
         locator = mdates.AutoDateLocator()
         axes[row][0].xaxis.set_major_locator(locator)
         axes[row][0].xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=90)
     plt.close(figure)

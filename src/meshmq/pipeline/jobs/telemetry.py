@@ -92,6 +92,9 @@ class TelemetryResult:
 
     records: int = 0
     quarantined: dict[str, int] = field(default_factory=dict)
+    # streaming: Spark's numRowsDroppedByWatermark (rows after partial aggregation, so a lower
+    # bound of the late readings dropped)
+    late: int = 0
     aggregates_path: str = ""
     quarantine_path: str = ""
 
@@ -103,6 +106,7 @@ class TelemetryResult:
         reasons = ", ".join(f"{n} {r}" for r, n in sorted(self.quarantined.items()))
         return (f"telemetry: {self.records} records, {self.quarantined_total} quarantined"
                 + (f" ({reasons})" if reasons else "")
+                + (f", {self.late} late rows dropped by the watermark" if self.late else "")
                 + f"; aggregates in {self.aggregates_path}, quarantine in {self.quarantine_path}")
 
 
@@ -257,10 +261,12 @@ def run_stream(spark: SparkSession, options: TelemetryOptions,
                stream: StreamSettings) -> TelemetryResult:
     """Run both streaming queries until done (available-now) or stopped (Ctrl-C)."""
     queries = start_stream(spark, options, stream)
-    await_queries(queries, stream.trigger)
+    await_queries(queries)
     result = TelemetryResult(aggregates_path=options.aggregates_path,
                              quarantine_path=options.quarantine_path)
     # recentProgress holds the last 100 batches (spark.sql.streaming.numRecentProgressUpdates).
+    for progress in queries[0].recentProgress:
+        result.late += sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
     for progress in queries[1].recentProgress:
         metrics = progress.observedMetrics.get("telemetry")
         if metrics is None:
