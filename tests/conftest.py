@@ -91,10 +91,15 @@ def start_broker(tmp_path: Path, config: str = "", name: str = "broker",
             pytest.fail(f"broker exited with {proc.returncode}:\n{broker.log()}")
         return port_file.exists() and port_file.read_text().strip() != ""
 
-    wait_for(ready, what="broker to listen")
-    first, *named = port_file.read_text().split()  # the TCP port, then name=port lines
-    broker.port = int(first)
-    broker.ports = {name: int(port) for name, port in (line.split("=") for line in named)}
+    try:
+        wait_for(ready, what="broker to listen")
+        first, *named = port_file.read_text().split()  # the TCP port, then name=port lines
+        broker.port = int(first)
+        broker.ports = {name: int(port) for name, port in (line.split("=") for line in named)}
+    except BaseException:  # never leave a broker running behind a failed start
+        proc.kill()
+        proc.wait()
+        raise
     return broker
 
 

@@ -1,0 +1,250 @@
+"""Start meshmq or Mosquitto for one scenario: pinned, on an ephemeral 127.0.0.1 port.
+
+Both run under ``taskset -c CPUS`` (taskset execs the broker, so the pid we hold is the
+broker's own and /proc/<pid> tells its CPU time and resident memory).
+
+* meshmq: ``python -m meshmq serve`` with a TOML file built from the scenario's settings
+  (``BASE_MESHMQ`` plus overrides), ``--port 0`` and ``--port-file`` to learn the port, and a
+  temporary data directory on the same disk as /tmp.
+* Mosquitto: the Debian package's ``mosquitto`` with a generated file: one listener on
+  127.0.0.1 at a port we picked free, ``max_queued_messages 0`` (no limit: its default of 1000
+  silently drops QoS 1 messages to a busy subscriber), ``max_inflight_messages`` equal to
+  meshmq's, TCP_NODELAY like meshmq, persistence and logging off.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshbench import BenchError
+
+INFLIGHT = 1024  # both brokers: unacknowledged QoS 1 messages to one subscriber
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 30.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# meshmq settings for every scenario (dotted keys; see docs/configuration.md).
+BASE_MESHMQ: dict[str, object] = {
+    "server.log_level": "warning",
+    "limits.connect_rate": 0,  # the default (1000/s) would throttle the idle scenario
+    "session.max_inflight_messages": INFLIGHT,
+}
+# Lossless queues, like Mosquitto's max_queued_messages 0, for the QoS 1 scenarios.
+LOSSLESS_MESHMQ: dict[str, object] = {
+    "session.max_queued_messages": 10_000_000,
+    "session.max_queued_bytes": 4 * 1024**3,
+}
+
+
+@dataclass(frozen=True)
+class ProcStats:
+    """One process so far: CPU seconds used (user + system), seconds its threads spent
+    runnable but waiting for a CPU (the scheduler's run delay: high on a shared machine), and
+    resident memory."""
+
+    cpu_s: float
+    rss_kb: int
+    wait_s: float = 0.0
+
+
+def proc_stats(pid: int) -> ProcStats:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+                break
+    return ProcStats(cpu, rss, run_delay(pid))
+
+
+def run_delay(pid: int) -> float:
+    """Seconds the threads of ``pid`` waited on a run queue (/proc/.../schedstat, 2nd field);
+    0.0 when the kernel does not keep scheduler statistics."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that just ended, or no schedstat
+    return total / 1e9
+
+
+@dataclass
+class RunningBroker:
+    """One broker process; ``stop()`` it when done (it is also stopped on error paths)."""
+
+    name: str
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stats(self) -> ProcStats:
+        return proc_stats(self.proc.pid)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def pinned(cpus: str | None, cmd: list[str]) -> list[str]:
+    """``cmd`` under ``taskset -c cpus`` (or as is when ``cpus`` is None)."""
+    if cpus is None:
+        return cmd
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise BenchError("taskset not found (Debian package util-linux)")
+    return [taskset, "-c", cpus, *cmd]
+
+
+def toml_text(settings: dict[str, object]) -> str:
+    """Dotted ``table.key`` settings as a TOML document."""
+    tables: dict[str, list[str]] = {}
+    for dotted, value in settings.items():
+        table, key = dotted.split(".", 1)
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float):
+            text = str(value)
+        else:
+            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        tables.setdefault(table, []).append(f"{key} = {text}")
+    return "".join(f"[{t}]\n" + "\n".join(lines) + "\n\n" for t, lines in tables.items())
+
+
+def start_meshmq(workdir: Path, settings: dict[str, object], cpus: str | None) -> RunningBroker:
+    config = workdir / "meshmq.toml"
+    config.write_text(toml_text({**BASE_MESHMQ, **settings}))
+    port_file = workdir / "port"
+    log_path = workdir / "meshmq.log"
+    cmd = [sys.executable, "-m", "meshmq", "serve", "--config", str(config), "--bind",
+           "127.0.0.1", "--port", "0", "--data-dir", str(workdir / "data"),
+           "--port-file", str(port_file)]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(pinned(cpus, cmd), stdout=log, stderr=subprocess.STDOUT)
+    broker = RunningBroker("meshmq", proc, 0, log_path)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not (port_file.exists() and port_file.read_text().strip()):
+        if not broker.alive():
+            raise BenchError(f"meshmq exited with {proc.returncode}: {broker.log_tail()}")
+        if time.monotonic() > deadline:
+            broker.stop()
+            raise BenchError("meshmq did not listen within 30 s")
+        time.sleep(0.02)  # polling the port file, not timing anything
+    broker.port = int(port_file.read_text().split()[0])
+    return broker
+
+
+def find_mosquitto() -> str | None:
+    return shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)),
+        None,
+    )
+
+
+def ensure_mosquitto() -> str:
+    """The mosquitto binary, installing the Debian package first if missing and allowed."""
+    found = find_mosquitto()
+    if found:
+        return found
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise BenchError("mosquitto not found: install the Debian package mosquitto "
+                         "(apt-get install mosquitto) or run with --brokers meshmq")
+    print("bench: installing the Debian package mosquitto", file=sys.stderr)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"],
+                ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "mosquitto"]):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise BenchError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-300:]}")
+    found = find_mosquitto()
+    if not found:
+        raise BenchError("apt-get installed mosquitto but no mosquitto binary was found")
+    return found
+
+
+def mosquitto_version(binary: str) -> str:
+    done = subprocess.run([binary, "-h"], capture_output=True, text=True, check=False)
+    first = (done.stdout or done.stderr).splitlines()
+    return first[0].strip() if first else "unknown"
+
+
+def mosquitto_conf(port: int) -> str:
+    return "\n".join((
+        f"listener {port} 127.0.0.1",
+        "allow_anonymous true",
+        "max_queued_messages 0",  # no limit: lossless, like the meshmq settings above
+        f"max_inflight_messages {INFLIGHT}",
+        "persistence false",
+        "log_dest none",
+        "set_tcp_nodelay true",  # meshmq (asyncio) sets TCP_NODELAY too
+        "",
+    ))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def start_mosquitto(workdir: Path, binary: str, cpus: str | None) -> RunningBroker:
+    for _attempt in range(3):  # the port we picked may be taken before Mosquitto binds it
+        port = free_port()
+        config = workdir / "mosquitto.conf"
+        config.write_text(mosquitto_conf(port))
+        log_path = workdir / "mosquitto.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(pinned(cpus, [binary, "-c", str(config)]), stdout=log,
+                                    stderr=subprocess.STDOUT)
+        broker = RunningBroker("mosquitto", proc, port, log_path)
+        deadline = time.monotonic() + START_TIMEOUT
+        while broker.alive() and not _listening(port):
+            if time.monotonic() > deadline:
+                broker.stop()
+                raise BenchError("mosquitto did not listen within 30 s")
+            time.sleep(0.02)  # polling the port, not timing anything
+        if broker.alive():
+            return broker
+    raise BenchError(f"mosquitto exited with {proc.returncode}: {broker.log_tail()}")

@@ -1,0 +1,219 @@
+"""Run one scenario against one broker and turn what was measured into figures.
+
+Sequence: start the broker (pinned), sample its memory, start the load generator (pinned
+elsewhere) and follow its events: at ``window-start`` and ``window-end`` the broker's CPU time
+and memory are read from /proc (and py-spy may sample it in between); at ``ready`` in the idle
+scenario the broker's memory is read once it stops growing, then the generator is told to
+disconnect. The generator's ``result`` line carries its own counts, validation and CPU use.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshbench import BenchError, profiling
+from meshbench.brokers import (
+    ProcStats,
+    RunningBroker,
+    pinned,
+    proc_stats,
+    start_meshmq,
+    start_mosquitto,
+)
+from meshbench.scenarios import Scenario, Timing
+
+SETUP_ALLOWANCE = 120.0  # seconds for connecting and draining, on top of warm-up + window
+
+
+@dataclass
+class Context:
+    """What every run needs: binaries, CPUs, protocol, timing, and where to put profiles."""
+
+    loadgen: Path
+    timing: Timing
+    protocol: int = 4
+    broker_cpus: str | None = "0"
+    loadgen_cpus: str | None = "1"
+    mosquitto: str | None = None
+    profile: tuple[str, ...] = ()  # scenario names to profile (meshmq only)
+    profile_dir: Path | None = None
+    profiles: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+@dataclass
+class LoadgenRun:
+    result: dict[str, object] | None
+    error: str | None
+    returncode: int
+
+
+def drive_loadgen(cmd: list[str], on_event: Callable[[str, dict, subprocess.Popen], None],
+                  timeout: float) -> LoadgenRun:
+    """Run the generator, calling ``on_event(name, data, proc)`` for each ``event`` line."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    result: dict[str, object] | None = None
+    error: str | None = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            kind, _, rest = line.rstrip("\n").partition(" ")
+            if kind == "event":
+                name, _, data = rest.partition(" ")
+                on_event(name, json.loads(data) if data else {}, proc)
+            elif kind == "result":
+                result = json.loads(rest)
+            elif kind == "error":
+                error = rest
+        proc.wait()
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode < 0 and error is None:
+        error = f"load generator killed after {timeout:.0f} s"
+    stderr = proc.stderr.read().strip() if proc.stderr else ""
+    if error is None and result is None:
+        error = stderr or f"load generator exited with {proc.returncode} and no result"
+    return LoadgenRun(result, error, proc.returncode)
+
+
+def settled_rss(broker: RunningBroker, limit: float = 5.0) -> int:
+    """The broker's RSS once two reads 0.25 s apart differ by under 1% (or after ``limit``)."""
+    previous = broker.stats().rss_kb
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        time.sleep(0.25)  # the harness, not a test: memory needs a moment to settle
+        current = broker.stats().rss_kb
+        if abs(current - previous) <= previous / 100:
+            return current
+        previous = current
+    return previous
+
+
+def start_broker(name: str, scenario: Scenario, workdir: Path, ctx: Context) -> RunningBroker:
+    if name == "meshmq":
+        return start_meshmq(workdir, scenario.meshmq, ctx.broker_cpus)
+    if name == "mosquitto":
+        if ctx.mosquitto is None:
+            raise BenchError("mosquitto binary not set")
+        return start_mosquitto(workdir, ctx.mosquitto, ctx.broker_cpus)
+    raise BenchError(f"unknown broker {name!r}")
+
+
+def run_one(scenario: Scenario, broker_name: str, ctx: Context) -> dict[str, object]:
+    """Run ``scenario`` on a fresh ``broker_name``; return its figures and health."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"meshbench-{broker_name}-"))
+    try:
+        broker = start_broker(broker_name, scenario, workdir, ctx)
+        try:
+            return _measure(scenario, broker, ctx)
+        finally:
+            broker.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[str, object]:
+    samples: dict[str, ProcStats] = {"start": broker.stats()}
+    marks: dict[str, float] = {}
+    spy: list[subprocess.Popen] = []
+    profile_out = None
+    if broker.name == "meshmq" and scenario.name in ctx.profile and ctx.profile_dir:
+        profile_out = ctx.profile_dir / f"profile-{scenario.name}.txt"
+
+    ready_data: dict[str, object] = {}
+
+    def on_event(name: str, data: dict, proc: subprocess.Popen) -> None:
+        marks[name] = time.monotonic()
+        if name in ("window-start", "window-end"):
+            samples[name] = broker.stats()
+            try:
+                samples[f"loadgen-{name}"] = proc_stats(proc.pid)
+            except OSError:
+                pass  # it ended already
+        if name == "window-start" and profile_out is not None:
+            spy.append(profiling.start(broker.pid, ctx.timing.duration, profile_out,
+                                       ctx.loadgen_cpus))
+        if name == "ready" and scenario.mode == "idle":
+            samples["ready"] = ProcStats(broker.stats().cpu_s, settled_rss(broker))
+            ready_data.update(data)
+            assert proc.stdin is not None
+            proc.stdin.close()  # the generator disconnects everyone and reports
+
+    cmd = pinned(ctx.loadgen_cpus, [str(ctx.loadgen), "--port", str(broker.port),
+                                    *scenario.loadgen_args(ctx.timing, ctx.protocol)])
+    timeout = ctx.timing.warmup + ctx.timing.duration + ctx.timing.drain + SETUP_ALLOWANCE
+    run = drive_loadgen(cmd, on_event, timeout)
+    samples["end"] = broker.stats() if broker.alive() else samples["start"]
+    outcome = _figures(scenario, run, samples, marks, ready_data)
+    if not broker.alive():
+        outcome["ok"] = False
+        outcome["problems"].append(  # type: ignore[union-attr]
+            f"{broker.name} died (exit {broker.proc.returncode}): {broker.log_tail(5)}")
+    for process in spy:
+        _, err = process.communicate(timeout=ctx.timing.duration + 60)
+        if profile_out is not None and profile_out.exists():
+            summary = profiling.summarise(profile_out)
+            ctx.profiles[scenario.name] = summary
+            outcome["profile"] = str(profile_out)
+        else:
+            outcome["problems"].append(f"py-spy failed: {err.strip()[-300:]}")  # type: ignore[union-attr]
+    return outcome
+
+
+def _figures(scenario: Scenario, run: LoadgenRun, samples: dict[str, ProcStats],
+             marks: dict[str, float], ready: dict[str, object]) -> dict[str, object]:
+    lg = run.result or {}
+    problems: list[str] = []
+    if run.error:
+        problems.append(run.error)
+    if lg.get("error"):
+        problems.append(str(lg["error"]))
+    figures: dict[str, float] = {}
+    start, end = samples["start"], samples["end"]
+    if scenario.mode == "idle":
+        at = samples.get("ready")
+        if at is not None and scenario.conns:
+            figures["connect_rate"] = float(ready.get("connect_rate", 0.0))  # type: ignore[arg-type]
+            figures["rss_per_conn_kb"] = (at.rss_kb - start.rss_kb) / scenario.conns
+            figures["loadgen_cpu_pct"] = float(ready.get("loadgen_cpu_pct", 0.0))  # type: ignore[arg-type]
+    elif "window-start" in samples and "window-end" in samples:
+        s0, s1 = samples["window-start"], samples["window-end"]
+        wall = marks["window-end"] - marks["window-start"]
+        cpu = s1.cpu_s - s0.cpu_s
+        wall = wall if wall > 0 else 1e-9
+        figures["broker_cpu_pct"] = 100.0 * cpu / wall
+        figures["broker_wait_pct"] = 100.0 * (s1.wait_s - s0.wait_s) / wall
+        figures["loadgen_cpu_pct"] = float(lg.get("loadgen_cpu_pct", 0.0))  # type: ignore[arg-type]
+        g0, g1 = samples.get("loadgen-window-start"), samples.get("loadgen-window-end")
+        if g0 is not None and g1 is not None:
+            figures["loadgen_wait_pct"] = 100.0 * (g1.wait_s - g0.wait_s) / wall
+        figures["rss_mb"] = end.rss_kb / 1024
+        figures["rate"] = float(lg.get("delivery_rate", 0.0))  # type: ignore[arg-type]
+        if scenario.mode == "latency":
+            for key in ("p50_us", "p99_us", "p999_us", "max_us"):
+                figures[key] = float(lg.get(key, 0.0))  # type: ignore[arg-type]
+        else:
+            delivered = float(lg.get("delivered_window", 0))  # type: ignore[arg-type]
+            figures["per_cpu"] = delivered / cpu if cpu > 0 else 0.0
+            figures["rss_growth_mb"] = (end.rss_kb - start.rss_kb) / 1024
+        if scenario.stalled:
+            figures["stalled_disconnected"] = float(lg.get("stalled_disconnected", 0))  # type: ignore[arg-type]
+        lost = int(lg.get("missing", 0))  # type: ignore[call-overload]
+        figures["lost"] = lost
+        if lost and scenario.qos:
+            problems.append(f"QoS 1: {lost} messages missing")
+    ok = run.returncode == 0 and bool(lg.get("ok")) and not problems
+    return {"ok": ok, "problems": problems, "figures": figures, "loadgen": lg}

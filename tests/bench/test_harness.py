@@ -1,0 +1,180 @@
+"""The benchmark harness (bench/): build the C load generator, run tiny scenarios against a real
+meshmq process on an ephemeral port, and check that its counts validate, that a real loss is
+caught, and that the figures and profile summaries are computed as documented."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from meshbench import profiling, report  # noqa: E402
+from meshbench.brokers import proc_stats, toml_text  # noqa: E402
+from meshbench.build import build_loadgen  # noqa: E402
+from meshbench.runner import Context, run_one  # noqa: E402
+from meshbench.scenarios import LOG_OFF, LOG_ON, Scenario, Timing  # noqa: E402
+
+TINY = Timing(warmup=0.2, duration=0.5, drain=1.0)
+
+
+@pytest.fixture(scope="module")
+def loadgen() -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler (gcc) to build bench/loadgen.c")
+    return build_loadgen()
+
+
+def context(loadgen: Path, protocol: int = 4) -> Context:
+    # Not pinned: the test suite runs beside other tests, and pinning is the benchmark's job.
+    return Context(loadgen=loadgen, timing=TINY, protocol=protocol, broker_cpus=None,
+                   loadgen_cpus=None)
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_fanin_qos1_every_message_arrives_once(loadgen: Path, protocol: int) -> None:
+    scenario = Scenario("tiny_fanin_qos1", "tiny", "throughput", pubs=3, subs=1, qos=1,
+                        meshmq=LOG_OFF)
+    outcome = run_one(scenario, "meshmq", context(loadgen, protocol))
+    assert outcome["ok"], outcome["problems"]
+    lg = outcome["loadgen"]
+    assert lg["published"] > 0
+    assert lg["received"] == lg["valid"] == lg["expected"] == lg["published"]
+    assert lg["acked"] == lg["published"]
+    assert lg["missing"] == lg["duplicates"] == lg["unacked"] == 0
+    figures = outcome["figures"]
+    assert figures["rate"] > 0
+    assert figures["per_cpu"] > 0
+    assert 0 < figures["broker_cpu_pct"] <= 200
+    assert figures["broker_wait_pct"] >= 0  # time runnable but without a CPU
+
+
+def test_fanin_qos1_with_the_log_on(loadgen: Path) -> None:
+    scenario = Scenario("tiny_log", "tiny", "throughput", pubs=2, subs=1, qos=1, meshmq=LOG_ON)
+    outcome = run_one(scenario, "meshmq", context(loadgen, protocol=5))
+    assert outcome["ok"], outcome["problems"]
+    assert outcome["loadgen"]["valid"] == outcome["loadgen"]["published"] > 0
+
+
+def test_fanout_qos0_counts_each_delivery(loadgen: Path) -> None:
+    scenario = Scenario("tiny_fanout", "tiny", "throughput", topology="fanout", pubs=1, subs=20)
+    outcome = run_one(scenario, "meshmq", context(loadgen))
+    assert outcome["ok"], outcome["problems"]
+    lg = outcome["loadgen"]
+    assert lg["expected"] == 20 * lg["published"] > 0
+    assert lg["valid"] + lg["missing"] == lg["expected"]
+
+
+def test_a_message_the_broker_never_delivers_fails_validation(loadgen: Path,
+                                                                tmp_path: Path) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("* deny bench/in/1\n* readwrite bench/#\n")  # publisher 1 goes nowhere
+    scenario = Scenario("tiny_loss", "tiny", "throughput", pubs=3, subs=1, qos=1,
+                        meshmq={**LOG_OFF, "auth.acl_file": str(acl)})
+    outcome = run_one(scenario, "meshmq", context(loadgen))
+    assert not outcome["ok"]
+    lg = outcome["loadgen"]
+    assert lg["missing"] > 0
+    assert lg["valid"] + lg["missing"] == lg["expected"]
+    assert any("missing" in p for p in outcome["problems"])
+
+
+def test_latency_is_measured_at_the_paced_rate(loadgen: Path) -> None:
+    scenario = Scenario("tiny_latency", "tiny", "latency", pubs=1, subs=1, qos=0, rate=2000)
+    outcome = run_one(scenario, "meshmq", context(loadgen))
+    assert outcome["ok"], outcome["problems"]
+    lg = outcome["loadgen"]
+    assert lg["latency_samples"] > 0
+    assert 0 < lg["publish_rate"] < 1.2 * 2000  # paced, not flat out
+    figures = outcome["figures"]
+    assert 0 < figures["p50_us"] <= figures["p99_us"] <= figures["p999_us"] <= figures["max_us"]
+
+
+def test_idle_connections_measure_broker_memory(loadgen: Path) -> None:
+    scenario = Scenario("tiny_idle", "tiny", "idle", conns=200)
+    outcome = run_one(scenario, "meshmq", context(loadgen))
+    assert outcome["ok"], outcome["problems"]
+    assert outcome["loadgen"]["alive"] == 200
+    figures = outcome["figures"]
+    assert figures["connect_rate"] > 0
+    assert 0 < figures["rss_per_conn_kb"] < 1000
+
+
+def test_a_stalled_subscriber_is_not_counted_against_the_others(loadgen: Path) -> None:
+    scenario = Scenario("tiny_stalled", "tiny", "throughput", pubs=2, subs=1, stalled=1)
+    outcome = run_one(scenario, "meshmq", context(loadgen))
+    assert outcome["ok"], outcome["problems"]
+    assert outcome["figures"]["rate"] > 0
+
+
+def test_loadgen_refuses_bad_arguments_with_one_line(loadgen: Path) -> None:
+    import subprocess
+
+    done = subprocess.run([str(loadgen), "--port", "1", "--qos", "2"], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 2
+    assert done.stdout.strip() == "error --qos: must be 0 or 1"
+
+
+def test_table_ratios_medians_and_floors() -> None:
+    def run(**figures: float) -> dict[str, object]:
+        return {"ok": True, "problems": [], "figures": figures}
+
+    results: report.Results = {
+        "fanin_qos0": {"meshmq": [run(rate=30.0), run(rate=10.0), run(rate=20.0)],
+                       "mosquitto": [run(rate=50.0)]},
+        "fanin_qos1": {"mosquitto": [run(rate=8.0)]},
+        "fanin_qos1_log": {"meshmq": [run(rate=2.0)]},
+        "idle": {"meshmq": [run(rss_per_conn_kb=13.0)], "mosquitto": [run(rss_per_conn_kb=1.0)]},
+    }
+    rows = {(r["scenario"], r["figure"]): r
+            for r in report.table_rows(results, {"fanin_qos1_log": "fanin_qos1"})}
+    fanin = rows["fanin_qos0", "rate"]
+    assert (fanin["meshmq"], fanin["mosquitto"], fanin["ratio"], fanin["met"]) == (20, 50, 0.4,
+                                                                                  False)
+    logged = rows["fanin_qos1_log", "rate"]  # compared with Mosquitto's fan-in QoS 1
+    assert (logged["mosquitto"], logged["ratio"]) == (8.0, 0.25)
+    assert rows["idle", "rss_per_conn_kb"]["met"] is False  # 13 KB > the 12 KB floor
+    assert ("fanout_qos0", "rate") not in rows
+
+
+def test_profile_summary_ranks_threads_self_and_inclusive_time(tmp_path: Path) -> None:
+    main = "thread (11): MainThread;main (/x/src/meshmq/cli.py:10)"
+    read = "read (/x/src/meshmq/broker/protocol.py"
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        f"{main};{read}:5);decode (/x/src/meshmq/mqtt/codec.py:7) 5\n"
+        f"{main};{read}:6) 2\n"
+        f"{main};write (/x/src/meshmq/broker/protocol.py:9) 1\n"
+        "thread (12): LogWriter;Thread._bootstrap (/usr/lib/python3.11/threading.py:1002);"
+        "_run (/x/src/meshmq/log/writer.py:180) 2\n"
+    )
+    summary = profiling.summarise(raw)
+    assert summary["samples"] == 10
+    assert summary["threads"] == [["MainThread", 80.0], ["LogWriter", 20.0]]
+    assert summary["self"] == [
+        ["meshmq/mqtt/codec.py:decode", 50.0], ["meshmq/broker/protocol.py:read", 20.0],
+        ["meshmq/log/writer.py:_run", 20.0], ["meshmq/broker/protocol.py:write", 10.0],
+    ]
+    assert summary["inclusive"][0] == ["meshmq/broker/protocol.py:read", 70.0]
+    assert ["meshmq/log/writer.py:_run", 20.0] in summary["inclusive"]
+    names = [name for name, _ in summary["inclusive"]]
+    assert "meshmq/cli.py:main" not in names  # the start-up chains are left out
+    assert "threading.py:Thread._bootstrap" not in names
+
+
+def test_meshmq_settings_become_toml_tables() -> None:
+    text = toml_text({"log.enabled": False, "log.fsync": "always", "limits.connect_rate": 0})
+    assert text == '[log]\nenabled = false\nfsync = "always"\n\n[limits]\nconnect_rate = 0\n\n'
+
+
+def test_proc_stats_reads_this_process() -> None:
+    import os
+
+    stats = proc_stats(os.getpid())
+    assert stats.rss_kb > 1000
+    assert stats.cpu_s > 0
