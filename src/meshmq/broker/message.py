@@ -2,7 +2,8 @@
 
 A ``Message`` is immutable once routed. Every delivery shares its payload; deliveries that need
 no per-receiver fields (QoS 0, no subscription identifier, no alias, no expiry countdown) also
-share one encoded frame per (protocol version, retain flag), built on first use.
+share one encoded frame per (protocol version, retain flag), built on first use. The 5.0
+property block is encoded once per message, and only if a 5.0 receiver (or the log) needs it.
 """
 
 from __future__ import annotations
@@ -23,15 +24,19 @@ class Message:
     """A published application message (topic, payload, QoS, retain flag, 5.0 properties)."""
 
     __slots__ = (
+        "_frame",
+        "_frame_key",
         "_frames",
+        "_position_pending",
+        "_properties",
         "_props_v5",
         "expires_at",
         "payload",
         "position",
-        "properties",
         "qos",
         "retain",
         "sender",
+        "size",
         "topic",
         "topic_bytes",
     )
@@ -51,21 +56,44 @@ class Message:
         self.payload = payload
         self.qos = qos
         self.retain = retain
-        self.properties = properties or {}
         self.sender = sender
-        expiry = self.properties.get(_EXPIRY)
-        self.expires_at: float | None = None if expiry is None else now + expiry  # type: ignore[operator]
-        self._frames: dict[tuple[int, bool], bytes] | None = None
+        # Approximate memory charged to a queue holding this message (read per enqueue and
+        # per dequeue, so computed once).
+        self.size = len(payload) + len(self.topic_bytes) + 64
+        self.expires_at: float | None = None
+        if properties is None:
+            properties = {}
+        elif properties:
+            expiry = properties.get(_EXPIRY)
+            if expiry is not None:
+                self.expires_at = now + expiry  # type: ignore[operator]
+        self._properties = properties
+        self._frame = b""  # the first shared frame built, for ``_frame_key`` (-1: none yet)
+        self._frame_key = -1
+        self._frames: dict[int, bytes] | None = None  # any further variants
         self._props_v5: bytes | None = None
         self.position: tuple[int, int] | None = None  # (partition, offset) once in the log
+        self._position_pending = False  # position set, user properties not built yet
+
+    @property
+    def properties(self) -> Properties:
+        """The 5.0 properties as published, plus the log position once it is known."""
+        if self._position_pending:
+            self._position_pending = False
+            partition, offset = self.position  # type: ignore[misc]
+            props = self._properties
+            pairs = list(props.get(PropertyId.USER_PROPERTY, ()))  # type: ignore[arg-type]
+            pairs += [(PARTITION_PROPERTY, str(partition)), (OFFSET_PROPERTY, str(offset))]
+            self._properties = {**props, PropertyId.USER_PROPERTY: pairs}
+        return self._properties
 
     def set_position(self, partition: int, offset: int) -> None:
-        """Record where the log stored this message; 5.0 receivers see it as user properties."""
+        """Record where the log stored this message; 5.0 receivers see it as user properties
+        (built on first use: a 3.1.1-only fan-out never pays for them)."""
         self.position = (partition, offset)
-        pairs = list(self.properties.get(PropertyId.USER_PROPERTY, ()))  # type: ignore[arg-type]
-        pairs += [(PARTITION_PROPERTY, str(partition)), (OFFSET_PROPERTY, str(offset))]
-        self.properties = {**self.properties, PropertyId.USER_PROPERTY: pairs}
+        self._position_pending = True
         self._props_v5 = None
+        self._frame_key = -1
         self._frames = None
 
     @classmethod
@@ -94,15 +122,21 @@ class Message:
 
     def shared_frame(self, version: int, retain: bool) -> bytes:
         """The QoS 0 frame every plain receiver of this version and retain flag can share."""
+        key = version + version + retain  # (version, retain) without a tuple per delivery
+        if key == self._frame_key:
+            return self._frame
         frames = self._frames
-        if frames is None:
-            frames = self._frames = {}
-        key = (version, retain)
-        frame = frames.get(key)
+        frame = None if frames is None else frames.get(key)
         if frame is None:
             props = self.encoded_properties() if version == MQTT_5 else None
             frame = encode_publish(self.topic_bytes, self.payload, 0, retain, False, None, props)
-            frames[key] = frame
+            if self._frame_key < 0:  # usually the only variant: no dict for it
+                self._frame_key = key
+                self._frame = frame
+            elif frames is None:
+                self._frames = {key: frame}
+            else:
+                frames[key] = frame
         return frame
 
     def encoded_properties(self) -> bytes:
@@ -111,11 +145,6 @@ class Message:
         if props is None:
             props = self._props_v5 = encode_properties(self.properties)
         return props
-
-    @property
-    def size(self) -> int:
-        """Approximate memory charged to a queue holding this message."""
-        return len(self.payload) + len(self.topic_bytes) + 64
 
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {len(self.payload)} B, qos={self.qos})"

@@ -2,7 +2,9 @@
 
 Bytes in go to the sans-I/O connection, its events go to the broker, and its output is written
 once per batch: immediately after the packets of one read were handled, and for deliveries
-caused by other connections once per loop turn (``Broker.schedule_flush``).
+caused by other connections once per loop turn (``Broker.schedule_flush``), or earlier if that
+turn's output reaches ``WRITE_HIGH_WATER`` (so a busy turn does not push deliveries through the
+session queue).
 
 Flow control, both ways, without dropping anything that was acknowledged:
 
@@ -157,10 +159,14 @@ class ClientProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ used by sessions
 
     def wake(self) -> None:
-        """Output is pending on ``conn``: write it at the end of this loop turn."""
+        """Output is pending on ``conn``: write it at the end of this loop turn, or at once
+        when this turn's output reaches the high watermark (a fan-in of many publishers to
+        one subscriber), so that later deliveries this turn need not wait in the queue."""
         if not self._dirty:
             self._dirty = True
             self.broker.schedule_flush(self)
+        if self.conn.pending_output >= WRITE_HIGH_WATER and not self._write_paused:
+            self._write_out()
 
     @property
     def congested(self) -> bool:
@@ -169,9 +175,16 @@ class ClientProtocol(asyncio.Protocol):
 
     def flush(self) -> None:
         self._dirty = False
-        conn = self.conn
-        was_full = conn.pending_output >= WRITE_HIGH_WATER
-        data = conn.data_to_send()
+        was_full = self.conn.pending_output >= WRITE_HIGH_WATER
+        self._write_out()
+        if was_full and not self._write_paused and self.session is not None \
+                and self.session.client is self:
+            self.session.pump(self.broker.loop.time())  # congested by this turn's output only
+
+    def _write_out(self) -> None:
+        """Hand the connection's pending output to the transport (no pumping: callers may be
+        in the middle of a delivery)."""
+        data = self.conn.data_to_send()
         transport = self.transport
         if data and transport is not None and not transport.is_closing():
             transport.write(data)
@@ -181,9 +194,6 @@ class ClientProtocol(asyncio.Protocol):
                 log.info("client does not read, reading paused client_id=%s peer=%s"
                          " buffered=%d", self.client_id or "-", self.peer, buffered)
                 self._pause_reading("backlog")
-        if was_full and not self._write_paused and self.session is not None \
-                and self.session.client is self:
-            self.session.pump(self.broker.loop.time())  # congested by this turn's output only
 
     def close(self) -> None:
         """Write what is pending, then close the socket."""

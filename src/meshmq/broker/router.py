@@ -132,7 +132,8 @@ class Router:
             self.retained.set(message.topic, message if message.payload else None)
         self.routed += 1
         count = self._deliver_plain(message, now)
-        shared_matches = self.shared.match(message.topic) if len(self.shared) else ()
+        shared = self.shared  # entry_count: no __len__ call per publish
+        shared_matches = shared.match(message.topic) if shared.entry_count else ()
         for topic_filter, groups in shared_matches:
             for group_name, group in groups.items():
                 count += self._deliver_to_group(

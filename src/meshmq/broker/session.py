@@ -12,7 +12,9 @@ resolved for this session. While a client is attached:
   otherwise they wait in ``queue``.
 
 Acknowledgements free slots and ``pump()`` refills the window from the queue in order, so the
-per-session order of QoS>0 messages is the order of ``deliver()`` calls. Detached persistent
+per-session order of QoS>0 messages is the order of ``deliver()`` calls (PUBACKs only free
+slots; the broker calls ``refill()`` once after each batch of packets, so a read full of
+PUBACKs costs one pump). Detached persistent
 sessions queue QoS 1/2 (and QoS 0 if configured). The queue is bounded by count and bytes; on
 overflow the configured policy drops the oldest or the newest entry and counts it.
 
@@ -116,6 +118,7 @@ class Session:
         "qos2_pending",
         "queue",
         "queued_bytes",
+        "slots_freed",
         "subscriptions",
         "username",
         "will",
@@ -134,6 +137,7 @@ class Session:
         self.qos2_in: set[int] = set()
         self.qos2_pending: set[int] = set()  # QoS 2 ids whose log append is not durable yet
         self.dropped = 0
+        self.slots_freed = False  # on_puback freed a slot since the last refill()
         self.will: Will | None = None
         self.will_handle: object | None = None
         self.expiry_handle: object | None = None
@@ -155,11 +159,20 @@ class Session:
         if self.may_receive is not None and not self.may_receive(message.topic):
             return  # ACL: this client may not read that topic
         catchup = self.catchup
-        if (catchup is not None and group is None and message.position is not None
-                and catchup.covers(message.topic, message.position)):
-            if self.client is not None and not self.queue:
-                self.pump(now)  # idle: let the catch-up read it now
-            return  # the catch-up reads it from the log, in order
+        if catchup is not None:
+            if (group is None and message.position is not None
+                    and catchup.covers(message.topic, message.position)):
+                if self.client is not None and not self.queue:
+                    self.pump(now)  # idle: let the catch-up read it now
+                return  # the catch-up reads it from the log, in order
+        elif not qos and not subscription_ids and message.expires_at is None:
+            client = self.client
+            if client is not None:  # the plain QoS 0 delivery, inlined (the fan-out hot path)
+                conn = client.conn
+                if not conn.outgoing_alias_maximum and not client.congested:
+                    conn.send_frame(message.shared_frame(conn.version, retain))
+                    client.wake()
+                    return
         self._deliver(message, qos, retain, subscription_ids, now, group, False)
 
     def _deliver(
@@ -183,7 +196,9 @@ class Session:
         self._send_inflight(client, message, qos, retain, subscription_ids, now, group, dup)
 
     def _window(self, client: ClientLink) -> int:
-        return min(client.conn.client_receive_maximum, self.limits.max_inflight_messages)
+        receive_maximum = client.conn.client_receive_maximum
+        limit = self.limits.max_inflight_messages
+        return receive_maximum if receive_maximum < limit else limit
 
     def _send_inflight(
         self, client: ClientLink, message: Message, qos: int, retain: bool,
@@ -267,8 +282,8 @@ class Session:
     def pump(self, now: float) -> None:
         """Move queued messages into the window while the client can take them."""
         client = self.client
-        if client is None:
-            return
+        if client is None or not (self.queue or self._unsent or self.catchup is not None):
+            return  # nothing waits: the common case after an acknowledgement
         window = self._window(client)
         if self._unsent:
             self._resend(client, window, now)
@@ -280,13 +295,17 @@ class Session:
     def _drain_queue(self, client: ClientLink, window: int, now: float) -> bool:
         """Send queued messages while the window allows; True if the queue emptied."""
         queue = self.queue
-        while queue and not client.congested:
+        inflight = self.inflight
+        while queue:
+            if client.congested:
+                return False
             message, qos, retain, subscription_ids, group, dup = queue[0]
-            if qos and len(self.inflight) >= window:
+            if qos and len(inflight) >= window:
                 return False
             queue.popleft()
             self.queued_bytes -= message.size
-            if message.expired(now):
+            expires_at = message.expires_at
+            if expires_at is not None and now >= expires_at:
                 continue  # MQTT-3.3.2-5
             if qos:
                 self._send_inflight(
@@ -294,7 +313,7 @@ class Session:
                 )
             else:
                 self._send(client, message, 0, retain, subscription_ids, None, False, now)
-        return not queue and not client.congested
+        return not client.congested
 
     # ------------------------------------------------------------------ the log cursor
 
@@ -394,10 +413,19 @@ class Session:
 
     # ------------------------------------------------------------------ acknowledgements
 
-    def on_puback(self, packet_id: int, now: float) -> None:
+    def on_puback(self, packet_id: int) -> None:
+        """Free the inflight slot of an acknowledged QoS 1 message; the caller then calls
+        ``refill()`` once for a whole batch of acknowledgements."""
         outbound = self.inflight.get(packet_id)
         if outbound is not None and outbound.qos == 1:
             del self.inflight[packet_id]
+            self.slots_freed = True
+
+    def refill(self, now: float) -> None:
+        """Acknowledgements freed inflight slots: pump the queue into them, once per batch
+        (one pass for a read full of PUBACKs, not one per PUBACK)."""
+        if self.slots_freed:
+            self.slots_freed = False
             self.pump(now)
 
     def on_pubrec(self, packet_id: int, reason_code: int, now: float) -> None:

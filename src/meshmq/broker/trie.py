@@ -99,11 +99,11 @@ class SubscriptionTrie(Generic[K, V]):
     ``match`` must be valid topic names (no wildcards).
     """
 
-    __slots__ = ("_cache", "_cache_size", "_count", "_nodes", "_root")
+    __slots__ = ("_cache", "_cache_size", "_nodes", "_root", "entry_count")
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         self._root: _Node[K, V] = _Node()
-        self._count = 0  # (filter, key) entries
+        self.entry_count = 0  # (filter, key) entries, as len(); read it, never set it
         self._nodes = 1  # including the root
         self._cache: dict[str, list[tuple[str, dict[K, V]]]] = {}
         self._cache_size = cache_size
@@ -123,13 +123,13 @@ class SubscriptionTrie(Generic[K, V]):
         if entries is None:
             node.entries = {key: value}
             node.topic_filter = topic_filter
-            self._count += 1
+            self.entry_count += 1
             self._cache.clear()  # a new filter now matches some topics
             return True
         new = key not in entries
         entries[key] = value  # live dict: cached results see it
         if new:
-            self._count += 1
+            self.entry_count += 1
         return new
 
     def remove(self, topic_filter: str, key: K) -> bool:
@@ -146,7 +146,7 @@ class SubscriptionTrie(Generic[K, V]):
         if entries is None or key not in entries:
             return False
         del entries[key]
-        self._count -= 1
+        self.entry_count -= 1
         if not entries:
             node.entries = None
             node.topic_filter = None
@@ -166,7 +166,7 @@ class SubscriptionTrie(Generic[K, V]):
     def clear(self) -> None:
         """Forget every filter and cached match."""
         self._root = _Node()
-        self._count = 0
+        self.entry_count = 0
         self._nodes = 1
         self._cache.clear()
 
@@ -239,7 +239,7 @@ class SubscriptionTrie(Generic[K, V]):
 
     def __len__(self) -> int:
         """Number of (filter, key) entries."""
-        return self._count
+        return self.entry_count
 
     def filters(self) -> Iterator[str]:
         """Every filter with at least one entry, in no particular order."""
@@ -257,4 +257,4 @@ class SubscriptionTrie(Generic[K, V]):
 
     def statistics(self) -> dict[str, int]:
         """Sizes for monitoring: entries, trie nodes (root included), cached topics."""
-        return {"entries": self._count, "nodes": self._nodes, "cache_size": len(self._cache)}
+        return {"entries": self.entry_count, "nodes": self._nodes, "cache_size": len(self._cache)}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from functools import partial
 
 from meshmq.mqtt.errors import (
     InsufficientData,
@@ -68,6 +69,15 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _pack_u16 = _U16.pack
 _pack_u32 = _U32.pack
+_ACK_FRAME = struct.Struct(">BBH")  # first byte, remaining length 2, packet id
+_PUBLISH_HEAD = struct.Struct(">BBH")  # first byte, one-byte remaining length, topic length
+
+# Enum members as plain module constants: attribute access on an Enum class costs several
+# times a global lookup on CPython 3.11, and these are read once or more per packet.
+_PUBLISH = int(PacketType.PUBLISH)
+_PUBREL = int(PacketType.PUBREL)
+_UTF8_PAIR = WireType.UTF8_PAIR
+_VARINT = WireType.VARINT
 
 # Reason codes each packet type may carry (spec 3.x.2.1 tables).
 _PUBACK_CODES = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
@@ -183,12 +193,12 @@ def encode_properties(props: Properties) -> bytes:
     body = bytearray()
     for pid, value in props.items():
         wire = PROPERTY_TABLE[pid][0]
-        if wire is WireType.UTF8_PAIR:
+        if wire is _UTF8_PAIR:
             for name, val in value:  # type: ignore[attr-defined]
                 body.append(pid)
                 body += encode_utf8(name)
                 body += encode_utf8(val)
-        elif wire is WireType.VARINT:
+        elif wire is _VARINT:
             for val in value if isinstance(value, list) else (value,):
                 body.append(pid)
                 body += encode_varint(val)
@@ -242,7 +252,7 @@ def decode_properties(
         wire, kinds, bounds = entry
         if kind not in kinds:
             raise MalformedPacket(f"property 0x{pid:02X} is not allowed in {kind.name}")
-        if wire is WireType.UTF8_PAIR:
+        if wire is _UTF8_PAIR:
             name, pos = decode_utf8(data, pos, stop)
             val, pos = decode_utf8(data, pos, stop)
             props.setdefault(pid, []).append((name, val))  # type: ignore[union-attr]
@@ -566,7 +576,7 @@ def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> 
     ptype = first >> 4
     flags = first & 0x0F
     try:
-        if ptype == PacketType.PUBLISH:
+        if ptype == _PUBLISH:
             return decode_publish(data, pos, end, flags, version)
         required = _REQUIRED_FLAGS.get(ptype)  # type: ignore[call-overload]
         if required is None:
@@ -583,10 +593,10 @@ def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> 
 _DECODERS: dict[int, Callable[[bytes, int, int, int], Packet]] = {
     PacketType.CONNECT: lambda d, p, e, v: decode_connect(d, p, e),
     PacketType.CONNACK: decode_connack,
-    PacketType.PUBACK: lambda d, p, e, v: _decode_ack(PacketType.PUBACK, d, p, e, v),
-    PacketType.PUBREC: lambda d, p, e, v: _decode_ack(PacketType.PUBREC, d, p, e, v),
-    PacketType.PUBREL: lambda d, p, e, v: _decode_ack(PacketType.PUBREL, d, p, e, v),
-    PacketType.PUBCOMP: lambda d, p, e, v: _decode_ack(PacketType.PUBCOMP, d, p, e, v),
+    PacketType.PUBACK: partial(_decode_ack, PacketType.PUBACK),
+    PacketType.PUBREC: partial(_decode_ack, PacketType.PUBREC),
+    PacketType.PUBREL: partial(_decode_ack, PacketType.PUBREL),
+    PacketType.PUBCOMP: partial(_decode_ack, PacketType.PUBCOMP),
     PacketType.SUBSCRIBE: decode_subscribe,
     PacketType.SUBACK: decode_suback,
     PacketType.UNSUBSCRIBE: decode_unsubscribe,
@@ -616,14 +626,16 @@ def encode_publish(
     an encoded property block for 5.0 (``b"\\x00"`` when empty) or ``None`` for 3.1.1.
     """
     first = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
-    parts = [_pack_u16(len(topic)), topic]
-    if qos:
-        parts.append(_pack_u16(packet_id))  # type: ignore[arg-type]
+    middle = _pack_u16(packet_id) if qos else b""  # type: ignore[arg-type]
     if properties is not None:
-        parts.append(properties)
-    parts.append(payload)
-    body = b"".join(parts)
-    return _frame(first, body)
+        middle += properties
+    topic_length = len(topic)
+    length = 2 + topic_length + len(middle) + len(payload)
+    if length < 128:  # the fixed header and the topic length in one pack
+        head = _PUBLISH_HEAD.pack(first, length, topic_length)
+    else:
+        head = bytes((first,)) + encode_varint(length) + _pack_u16(topic_length)
+    return b"".join((head, topic, middle, payload))
 
 
 def _encode_publish_packet(packet: Publish, version: int) -> bytes:
@@ -671,13 +683,20 @@ def _encode_connack(packet: Connack, version: int) -> bytes:
 
 
 def _encode_ack(packet: Puback | Pubrec | Pubrel | Pubcomp, version: int) -> bytes:
-    first = (packet.type << 4) | (2 if packet.type == PacketType.PUBREL else 0)
+    ptype = packet.type
+    first = (ptype << 4) | (2 if ptype == _PUBREL else 0)
     if version == MQTT_5 and (packet.reason_code or packet.properties):
         body = _pack_u16(packet.packet_id) + bytes((packet.reason_code,))
         if packet.properties:
             body += encode_properties(packet.properties)
         return _frame(first, body)
-    return bytes((first, 2)) + _pack_u16(packet.packet_id)
+    return _ACK_FRAME.pack(first, 2, packet.packet_id)
+
+
+def encode_ack(first: int, packet_id: int) -> bytes:
+    """The 4-byte PUBACK/PUBREC/PUBREL/PUBCOMP of 3.1.1, and of 5.0 with reason code 0 and no
+    properties: ``first`` is the fixed header byte (0x40, 0x50, 0x62 or 0x70)."""
+    return _ACK_FRAME.pack(first, 2, packet_id)
 
 
 def _encode_subscribe(packet: Subscribe, version: int) -> bytes:

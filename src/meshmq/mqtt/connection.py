@@ -34,6 +34,7 @@ from enum import Enum
 from meshmq.mqtt.codec import (
     CONNACK_REASON_CODES,
     DISCONNECT_REASON_CODES,
+    encode_ack,
     encode_packet,
     frame_length_hint,
     parse_fixed_header,
@@ -76,7 +77,16 @@ CLOSED = ConnectionState.CLOSED
 _CLIENT_FORBIDDEN = frozenset(
     {PacketType.CONNACK, PacketType.SUBACK, PacketType.UNSUBACK, PacketType.PINGRESP}
 )
+# Enum members as module constants: reading an Enum class attribute costs several times a
+# global lookup on CPython 3.11, and ``_accept`` compares every packet's type.
+_PUBLISH = PacketType.PUBLISH
+_CONNECT = PacketType.CONNECT
+_PINGREQ = PacketType.PINGREQ
+_PUBREL = PacketType.PUBREL
+_DISCONNECT = PacketType.DISCONNECT
+_AUTH = PacketType.AUTH
 _PINGRESP = b"\xd0\x00"
+TOPIC_CACHE_SIZE = 64  # validated topic names remembered per connection (see _fast_publish)
 _PROBLEM_PROPS = (PropertyId.REASON_STRING, PropertyId.USER_PROPERTY)
 UNLIMITED = 268_435_460
 
@@ -92,9 +102,9 @@ class ServerConnection:
         "_more",
         "_need",
         "_out",
-        "_out_bytes",
         "_qos1_in",
         "_qos2_in",
+        "_topics",
         "client_max_packet_size",
         "client_receive_maximum",
         "client_topic_alias_maximum",
@@ -106,6 +116,7 @@ class ServerConnection:
         "max_topic_bytes",
         "max_topic_levels",
         "outgoing_alias_maximum",
+        "pending_output",
         "problem_information",
         "receive_maximum",
         "retain_available",
@@ -148,7 +159,10 @@ class ServerConnection:
         self._more = False
         self._events: list[Packet] = []
         self._out: list[bytes] = []
-        self._out_bytes = 0
+        # Bytes queued by ``send_frame`` and not yet taken by ``data_to_send`` (read it, never
+        # set it): a plain attribute rather than a property, as it is read per delivery.
+        self.pending_output = 0
+        self._topics: dict[bytes, str] = {}  # raw topic -> topic name that passed every check
         self._aliases_in: dict[int, str] = {}
         self._aliases_out: dict[str, int] = {}
         self._qos1_in = 0
@@ -186,6 +200,7 @@ class ServerConnection:
                 raise RemoteProtocolError(f"first byte 0x{data[0]:02X} is not CONNECT")
             limit = self.max_events or -1  # -1: never reached
             parsed = 0
+            add_event = self._events.append
             while pos < end:
                 if parsed == limit:
                     self._buffer = [data[pos:end]]  # parsed on the next call
@@ -193,13 +208,33 @@ class ServerConnection:
                     self._more = True
                     return
                 parsed += 1
-                try:
-                    first, start, stop = parse_fixed_header(data, pos, end)
-                except InsufficientData:
-                    self._keep_partial(data, pos, end)
-                    return
+                if pos + 1 < end and data[pos + 1] < 128:  # one length byte: no call needed
+                    first = data[pos]
+                    start = pos + 2
+                    stop = start + data[pos + 1]
+                    if stop > end:
+                        self._keep_partial(data, pos, end)
+                        return
+                else:
+                    try:
+                        first, start, stop = parse_fixed_header(data, pos, end)
+                    except InsufficientData:
+                        self._keep_partial(data, pos, end)
+                        return
                 if stop - pos > self.max_packet_size:
                     self._too_large(stop - start)
+                if first >> 4 == 3:
+                    packet = self._fast_publish(first, data, start, stop)
+                    if packet is not None:
+                        add_event(packet)
+                        pos = stop
+                        continue
+                elif first == 0x40 and stop - start == 2 and self.state is not AWAIT_CONNECT:
+                    packet_id = (data[start] << 8) | data[start + 1]
+                    if packet_id:  # a plain PUBACK: nothing to check beyond its packet id
+                        add_event(Puback(packet_id, 0, {}))
+                        pos = stop
+                        continue
                 packet = _decode_packet(first, data, start, stop, self.version)
                 pos = stop
                 self._accept(packet)
@@ -207,6 +242,49 @@ class ServerConnection:
                     return
         except RemoteProtocolError as exc:
             self._fail(exc)
+
+    def _fast_publish(self, first: int, data: bytes, start: int, stop: int) -> Publish | None:
+        """Decode the common PUBLISH in one go, or return None for the full decoder.
+
+        Taken only when nothing can be wrong: the topic is one this connection already
+        accepted (``_topics``, filled by ``_check_publish``, so no UTF-8 or topic-name check is
+        needed), there are no properties, and QoS, retain and the receive maximum allow it.
+        Anything else, errors included, goes through ``decode_packet`` and ``_accept``, so
+        both paths give the same events and the same errors.
+        """
+        qos = (first >> 1) & 0x03
+        if qos > self.max_qos or stop - start < 2:
+            return None  # QoS 3 included: max_qos is at most 2
+        if first & 0x09 and (  # DUP or RETAIN set
+            (first & 0x08 and not qos) or (first & 0x01 and not self.retain_available)
+        ):
+            return None
+        pos = start + 2 + ((data[start] << 8) | data[start + 1])
+        if pos > stop:
+            return None
+        topic = self._topics.get(data[start + 2 : pos])
+        if topic is None:
+            return None
+        packet_id = None
+        if qos:
+            packet_id = (data[pos] << 8) | data[pos + 1] if pos + 2 <= stop else 0
+            if not packet_id:
+                return None
+            pos += 2
+        if self.version == MQTT_5:
+            if pos >= stop or data[pos]:
+                return None  # properties (or a malformed end): the full decoder handles them
+            pos += 1
+        if qos == 1:
+            if self._qos1_in + len(self._qos2_in) >= self.receive_maximum:
+                return None
+            self._qos1_in += 1
+        elif qos == 2 and packet_id not in self._qos2_in:
+            if self._qos1_in + len(self._qos2_in) >= self.receive_maximum:
+                return None
+            self._qos2_in.add(packet_id)  # type: ignore[arg-type]
+        return Publish(topic, data[pos:stop], qos, bool(first & 1), bool(first & 8), packet_id,
+                       {})
 
     def _keep_partial(self, data: bytes, pos: int, end: int) -> None:
         hint = frame_length_hint(data, pos, end)
@@ -236,22 +314,22 @@ class ServerConnection:
 
     def _accept(self, packet: Packet) -> None:
         ptype = packet.type
-        if ptype is PacketType.PUBLISH:
+        if ptype is _PUBLISH:
             if self.state is AWAIT_CONNECT:
                 raise RemoteProtocolError("PUBLISH before CONNECT")  # MQTT-3.1.0-1
             self._check_publish(packet)  # type: ignore[arg-type]
-        elif ptype is PacketType.CONNECT:
+        elif ptype is _CONNECT:
             self._on_connect(packet)  # type: ignore[arg-type]
         elif self.state is AWAIT_CONNECT:
             raise RemoteProtocolError(f"{ptype.name} before CONNECT")  # MQTT-3.1.0-1
-        elif ptype is PacketType.PINGREQ:
+        elif ptype is _PINGREQ:
             self._out.append(_PINGRESP)
             return
-        elif ptype is PacketType.PUBREL:
+        elif ptype is _PUBREL:
             self._qos2_in.discard(packet.packet_id)  # type: ignore[union-attr]
-        elif ptype is PacketType.DISCONNECT:
+        elif ptype is _DISCONNECT:
             self._on_disconnect(packet)  # type: ignore[arg-type]
-        elif ptype is PacketType.AUTH:
+        elif ptype is _AUTH:
             raise RemoteProtocolError("AUTH without an authentication method")  # MQTT-4.12.0-1
         elif ptype in _CLIENT_FORBIDDEN:
             raise RemoteProtocolError(f"a client must not send {ptype.name}")
@@ -291,6 +369,7 @@ class ServerConnection:
             raise RemoteProtocolError("empty topic name", ReasonCode.TOPIC_NAME_INVALID)
         validate_topic_name(topic, self.max_topic_levels)  # MQTT-3.3.2-2
         self._check_topic_bytes(topic)
+        self._remember_topic(topic)
         qos = packet.qos
         if qos > self.max_qos:
             raise RemoteProtocolError(f"QoS {qos} not supported", ReasonCode.QOS_NOT_SUPPORTED)
@@ -308,6 +387,16 @@ class ServerConnection:
             raise RemoteProtocolError(
                 "client exceeded our receive maximum", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
             )  # MQTT-3.3.4-7
+
+    def _remember_topic(self, topic: str) -> None:
+        """``topic`` passed every check: let ``_fast_publish`` skip them next time (strict
+        UTF-8 decoding round-trips, so the encoded name is the raw topic field)."""
+        topics = self._topics
+        raw = topic.encode("utf-8")
+        if raw not in topics:
+            if len(topics) >= TOPIC_CACHE_SIZE:
+                topics.clear()  # wholesale: no LRU bookkeeping per packet
+            topics[raw] = topic
 
     def _check_topic_bytes(self, topic: str) -> None:
         """Our configured topic length limit (a server may refuse a topic, spec 4.7.3)."""
@@ -368,23 +457,19 @@ class ServerConnection:
             return b""
         out = self._out
         self._out = []
-        self._out_bytes = 0
+        self.pending_output = 0
         return out[0] if len(out) == 1 else b"".join(out)
-
-    @property
-    def pending_output(self) -> int:
-        """Bytes queued by ``send_frame`` and not yet taken by ``data_to_send``."""
-        return self._out_bytes
 
     def send_frame(self, frame: bytes) -> bool:
         """Queue an encoded packet; False if it exceeds the client's maximum packet size.
 
         A dropped PUBLISH must be treated by the caller as delivered (MQTT-3.1.2-25).
         """
-        if len(frame) > self.client_max_packet_size:
+        size = len(frame)
+        if size > self.client_max_packet_size:
             return False
         self._out.append(frame)
-        self._out_bytes += len(frame)
+        self.pending_output += size
         return True
 
     def send(self, packet: Packet) -> bool:
@@ -429,7 +514,10 @@ class ServerConnection:
         """Acknowledge an incoming QoS 1 PUBLISH (frees one receive-maximum slot)."""
         if self._qos1_in:
             self._qos1_in -= 1
-        self.send(Puback(packet_id, reason_code))
+        if reason_code and self.version == MQTT_5:
+            self.send(Puback(packet_id, reason_code))
+        elif self.state is not CLOSED:  # 3.1.1, or success: the same four bytes either way
+            self.send_frame(encode_ack(0x40, packet_id))
 
     def send_pubrec(self, packet_id: int, reason_code: int = 0) -> None:
         """First answer to an incoming QoS 2 PUBLISH; an error code ends the exchange."""
@@ -485,5 +573,5 @@ class ServerConnection:
             "qos2_in": len(self._qos2_in),
             "aliases_in": len(self._aliases_in),
             "aliases_out": len(self._aliases_out),
-            "pending_output": self._out_bytes,
+            "pending_output": self.pending_output,
         }
