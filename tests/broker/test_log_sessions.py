@@ -277,6 +277,12 @@ def test_ended_session_does_not_come_back(tmp_path, client_factory):
     clean = client_factory("gone", 5)
     clean.connect(broker.port, clean_start=True)  # expiry 0: the session ends on disconnect
     clean.disconnect()
+
+    def end_journaled() -> bool:  # the end of a session is written without anyone waiting
+        return any('"op":"end","client_id":"gone"' in journal.read_text()
+                   for journal in (broker.data_dir / "state").glob("journal-*.jsonl"))
+
+    wait_for(end_journaled, what="the session end in the state journal")
     broker = restart(tmp_path, broker, signal.SIGKILL)
     try:
         back = client_factory("gone", 5)
