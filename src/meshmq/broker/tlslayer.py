@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from meshmq.broker.admission import Ticket
+from meshmq.broker.layer import StackedLayer
 from meshmq.broker.tls import client_username, describe_handshake_error
 
 log = logging.getLogger("meshmq.tls")
@@ -39,7 +40,7 @@ TLS_HANDSHAKE_RECORD = 0x16
 READ_SIZE = 65536
 
 
-class TLSLayer(asyncio.Protocol, asyncio.Transport):
+class TLSLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
     """TLS for one accepted socket; ``make_inner(username)`` builds what runs above it."""
 
     def __init__(
@@ -101,14 +102,6 @@ class TLSLayer(asyncio.Protocol, asyncio.Transport):
             self.ticket.release()
         if self.inner is not None:
             self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.resume_writing()
 
     # ------------------------------------------------------------------ handshake and reading
 
@@ -208,17 +201,6 @@ class TLSLayer(asyncio.Protocol, asyncio.Transport):
         if self.below is not None:
             self.below.close()
 
-    def abort(self) -> None:
-        self._closing = True
-        if self.below is not None:
-            self.below.abort()
-
-    def is_closing(self) -> bool:
-        return self._closing or self.below is None or self.below.is_closing()
-
-    def can_write_eof(self) -> bool:
-        return False
-
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "ssl_object":
             return self.ssl
@@ -249,15 +231,3 @@ class TLSLayer(asyncio.Protocol, asyncio.Transport):
     def is_reading(self) -> bool:
         return not self._paused
 
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        if self.below is not None:
-            self.below.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self.below.get_write_buffer_size() if self.below is not None else 0
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.inner = protocol
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self.inner

@@ -34,6 +34,7 @@ from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
 from meshmq.broker.admission import Ticket
+from meshmq.broker.layer import StackedLayer
 
 log = logging.getLogger("meshmq.websocket")
 # The library logs "connection open/closed" at info and every frame at debug: keep it quiet.
@@ -43,7 +44,7 @@ _library_log.setLevel(logging.WARNING)
 SUBPROTOCOLS = [Subprotocol("mqtt"), Subprotocol("mqttv3.1")]
 
 
-class WebSocketLayer(asyncio.Protocol, asyncio.Transport):
+class WebSocketLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
     """Protocol for the socket, Transport for the MQTT protocol made by ``make_inner()``."""
 
     def __init__(
@@ -113,14 +114,6 @@ class WebSocketLayer(asyncio.Protocol, asyncio.Transport):
         if self.inner is not None:
             self.inner.connection_lost(exc)
 
-    def pause_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.resume_writing()
-
     def _handshake(self, request: Request) -> None:
         ws = self.ws
         if request.path.split("?", 1)[0] != self.path:
@@ -184,17 +177,6 @@ class WebSocketLayer(asyncio.Protocol, asyncio.Transport):
             self.ws.send_close(CloseCode.NORMAL_CLOSURE)
         self._send()
 
-    def abort(self) -> None:
-        self._closing = True
-        if self.below is not None:
-            self.below.abort()
-
-    def is_closing(self) -> bool:
-        return self._closing or self.below is None or self.below.is_closing()
-
-    def can_write_eof(self) -> bool:
-        return False
-
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "subprotocol":
             return self.ws.subprotocol
@@ -211,15 +193,3 @@ class WebSocketLayer(asyncio.Protocol, asyncio.Transport):
     def is_reading(self) -> bool:
         return self.below is not None and self.below.is_reading()
 
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        if self.below is not None:
-            self.below.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self.below.get_write_buffer_size() if self.below is not None else 0
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.inner = protocol
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self.inner
