@@ -24,6 +24,7 @@ SERVE_OVERRIDES = {
     "log_level": "server.log_level",
     "log_format": "server.log_format",
     "port_file": "server.port_file",
+    "workers": "server.workers",
 }
 
 
@@ -62,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", metavar="FORMAT", help="text|json (server.log_format)")
     serve.add_argument("--port-file", metavar="PATH",
                        help="write the bound port to PATH once listening (server.port_file)")
+    serve.add_argument("--workers", metavar="N",
+                       help="broker processes, 0 = one per CPU (server.workers)")
     serve.set_defaults(run=_serve)
 
     add_client_commands(commands)

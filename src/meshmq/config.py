@@ -33,6 +33,7 @@ class ServerConfig:
     log_level: str = "info"
     log_format: str = "text"
     port_file: str = ""
+    workers: int = 0
     allow: str = ""
     deny: str = ""
     max_connections: int = 0
@@ -223,6 +224,9 @@ _KEYS: dict[str, _Key] = {
     "server.port_file": _Key(
         str, None, "if set, written once listening: the TCP port on the first line, then a"
         " name=port line per listener (tcp, tls, ws, wss)"),
+    "server.workers": _Key(
+        int, (0, 256), "broker processes sharing the listening ports, one router each, linked"
+        " by the mesh (docs/workers.md); 0 = one per CPU this process may run on"),
     **_admission_keys("server", "the TCP listener"),
     "mqtt.max_packet_size": _Key(
         int, (1, 268_435_455), "largest packet accepted, in bytes (advertised in CONNACK)"),

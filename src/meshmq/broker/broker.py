@@ -62,6 +62,8 @@ from meshmq.mqtt.topics import has_wildcard, parse_shared_filter, validate_topic
 
 if TYPE_CHECKING:
     from meshmq.broker.protocol import ClientProtocol
+    from meshmq.cluster.mesh import Mesh
+    from meshmq.cluster.spec import WorkerSpec
     from meshmq.config import BrokerConfig
 
 log = logging.getLogger("meshmq.broker")
@@ -77,15 +79,21 @@ GC_THRESHOLDS = (50_000, 20, 100)
 class Broker:
     """Single-node broker logic, driven by the I/O layer on one event loop."""
 
-    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, config: BrokerConfig, loop: asyncio.AbstractEventLoop,
+        worker: WorkerSpec | None = None,
+    ) -> None:
         self.config = config
         self.loop = loop
+        self.worker = worker  # None: a single-process node
+        self.mesh: Mesh | None = None  # links to the other workers (workers > 1)
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.sessions)
         self.authenticator = Authenticator(config.auth, loop)
         self.acl = AccessControl.from_file(config.auth.acl_file) if config.auth.acl_file else None
         self.persistence = (
-            Persistence(config.log, config.server.data_dir, loop) if config.log.enabled else None
+            Persistence(config.log, config.server.data_dir, loop)
+            if config.log.enabled and (worker is None or worker.is_leader) else None
         )
         self.clients: set[ClientProtocol] = set()
         self.keeper = StateKeeper(self)
@@ -108,6 +116,19 @@ class Broker:
             PacketType.UNSUBSCRIBE: self.on_unsubscribe,
             PacketType.DISCONNECT: self.on_disconnect,
         }
+
+    async def join_mesh(self) -> None:
+        """Link to the other workers of this node (cluster/mesh.py); returns once linked."""
+        worker = self.worker
+        if worker is None or worker.count == 1:
+            return
+        from meshmq.cluster.mesh import Mesh
+
+        self.mesh = Mesh(self, worker)
+        await self.mesh.start()
+
+    def start(self) -> None:
+        """Restore the stored sessions and retained messages; then tune the GC."""
         self.keeper.restore()
         tune_gc()
 

@@ -97,7 +97,9 @@ class StateKeeper:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.store = StateStore(broker.config.server.data_dir, broker.loop)
+        worker = broker.worker
+        self.store = StateStore(broker.config.server.data_dir, broker.loop,
+                                "state" if worker is None else worker.state_directory)
         self.stored: set[str] = set()  # client ids with a stored session
         self._cursors: dict[str, list[int] | None] = {}
         self._timer: Any = None

@@ -205,9 +205,11 @@ class Listener:
     """One listening socket and its admission rules."""
 
     def __init__(
-        self, spec: ListenerSpec, broker: Broker, certificates: ServerCertificates | None
+        self, spec: ListenerSpec, broker: Broker, certificates: ServerCertificates | None,
+        reuse_port: bool = False,
     ) -> None:
         self.spec = spec
+        self.reuse_port = reuse_port  # workers: every worker listens on the same port
         self.broker = broker
         self.certificates = certificates
         self.admission = Admission(spec.rules, spec.max_connections, spec.max_connections_per_ip)
@@ -223,7 +225,8 @@ class Listener:
         loop = asyncio.get_running_loop()
         try:
             self.server = await loop.create_server(
-                lambda: Gate(self), spec.bind, spec.port, reuse_address=True, backlog=4096
+                lambda: Gate(self), spec.bind, spec.port, reuse_address=True, backlog=4096,
+                reuse_port=self.reuse_port or None,
             )
         except OSError as exc:
             raise ListenerError(
@@ -270,14 +273,16 @@ class Listener:
 class Listeners:
     """Every listener of a node; start-up, the port file, SIGHUP reload, shutdown."""
 
-    def __init__(self, config: BrokerConfig, broker: Broker) -> None:
+    def __init__(self, config: BrokerConfig, broker: Broker, reuse_port: bool = False) -> None:
         specs = listener_specs(config)
         self.certificates: ServerCertificates | None = None
         if any(spec.tls for spec in specs):
             self.certificates = ServerCertificates(config.tls)  # TLSConfigError if unusable
             if config.tls.cert_username:
                 broker.authenticator = CertificateAuthenticator(broker.authenticator)
-        self.listeners = [Listener(spec, broker, self.certificates) for spec in specs]
+        self.listeners = [
+            Listener(spec, broker, self.certificates, reuse_port) for spec in specs
+        ]
 
     async def start(self) -> None:
         """Listen on every socket; ``ListenerError`` (and nothing left open) if one fails."""

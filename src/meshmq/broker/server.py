@@ -1,4 +1,9 @@
-"""Start and stop a broker node: listeners, signals, the event loop (uvloop when available)."""
+"""Start and stop a broker node: listeners, signals, the event loop (uvloop when available).
+
+With ``server.workers`` above 1, ``run_server`` hands over to the supervisor
+(``supervisor.py``), which starts that many worker processes; each runs ``run_worker``: the same
+broker, listening on the shared ports (SO_REUSEPORT) and linked to the other workers.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import ipaddress
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from meshmq.auth.acl import ACLFileError
@@ -15,6 +21,7 @@ from meshmq.broker.broker import Broker
 from meshmq.broker.listeners import ListenerError, Listeners
 from meshmq.broker.statestore import StateError
 from meshmq.broker.tls import TLSConfigError
+from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.config import BrokerConfig
 from meshmq.log.errors import LogConfigError, LogError
 
@@ -24,8 +31,9 @@ log = logging.getLogger("meshmq.server")
 class BrokerServer:
     """A running broker node; ``start()`` listens, ``stop()`` shuts down cleanly."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, worker: WorkerSpec | None = None) -> None:
         self.config = config
+        self.worker = worker
         self.broker: Broker | None = None
         self.port = 0
         self.listeners: Listeners | None = None
@@ -34,8 +42,11 @@ class BrokerServer:
         cfg = self.config.server
         loop = asyncio.get_running_loop()
         Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
-        self.broker = Broker(self.config, loop)
-        listeners = self.listeners = Listeners(self.config, self.broker)
+        broker = self.broker = Broker(self.config, loop, self.worker)
+        if self.worker is not None:
+            await broker.join_mesh()  # linked to every peer before sessions are restored
+        broker.start()
+        listeners = self.listeners = Listeners(self.config, broker, self.worker is not None)
         wide = [bind for bind in listeners.binds() if not _is_loopback(bind)]
         if self.config.auth.allow_anonymous and wide:
             log.warning(
@@ -46,7 +57,7 @@ class BrokerServer:
         self.port = listeners.port("tcp")
         log.info("listening bind=%s port=%d %sdata_dir=%s", cfg.bind, self.port,
                  f"{listeners.describe()} " if listeners.describe() else "", cfg.data_dir)
-        if cfg.port_file:
+        if cfg.port_file and self.worker is None:  # workers: the supervisor writes it
             tmp = f"{cfg.port_file}.tmp"
             Path(tmp).write_text(listeners.port_file_text())
             os.replace(tmp, cfg.port_file)  # readers never see a half-written file
@@ -81,9 +92,15 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-async def serve(config: BrokerConfig) -> int:
-    """Run a node until SIGTERM or SIGINT; return the process exit code."""
-    server = BrokerServer(config)
+async def serve(
+    config: BrokerConfig, worker: WorkerSpec | None = None,
+    ready: Callable[[], None] | None = None,
+) -> int:
+    """Run a node (or one worker of it) until SIGTERM or SIGINT; return the exit code.
+
+    ``ready`` is called once the listeners are up (the supervisor waits for it).
+    """
+    server = BrokerServer(config, worker)
     try:
         await server.start()
     except (PasswordFileError, ACLFileError, LogConfigError, TLSConfigError) as exc:
@@ -107,6 +124,8 @@ async def serve(config: BrokerConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, server.reload)
+    if ready is not None:
+        ready()
     await stop.wait()
     log.info("shutting down")
     await server.stop()
@@ -115,8 +134,22 @@ async def serve(config: BrokerConfig) -> int:
 
 def run_server(config: BrokerConfig) -> int:
     """Blocking entry point used by ``meshmq serve``."""
+    count = resolve_workers(config.server.workers)
+    if count > 1:
+        from meshmq.broker.supervisor import supervise
+
+        return supervise(config, count)
+    return _run(serve(config))
+
+
+def run_worker(config: BrokerConfig, worker: WorkerSpec, ready: Callable[[], None]) -> int:
+    """Blocking entry point of a worker process (started by the supervisor)."""
+    return _run(serve(config, worker, ready))
+
+
+def _run(main: object) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on supported platforms
-        return asyncio.run(serve(config))
-    return uvloop.run(serve(config))
+        return asyncio.run(main)  # type: ignore[arg-type]
+    return uvloop.run(main)  # type: ignore[arg-type]

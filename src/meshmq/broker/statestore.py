@@ -85,8 +85,9 @@ def apply(state: State, entry: dict[str, Any]) -> None:
 class StateStore:
     """Owns ``data_dir/state`` and the thread that writes it."""
 
-    def __init__(self, data_dir: str | Path, loop: asyncio.AbstractEventLoop) -> None:
-        self.directory = Path(data_dir) / "state"
+    def __init__(self, data_dir: str | Path, loop: asyncio.AbstractEventLoop,
+                 name: str = "state") -> None:
+        self.directory = Path(data_dir) / name
         self.directory.mkdir(parents=True, exist_ok=True)
         self.loop = loop
         self.generation = 0

@@ -1,0 +1,44 @@
+"""Who a worker is: its index among the node's workers, and how to reach its peers."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+LEADER = 0  # the worker that owns the commit log and the retained messages (docs/workers.md)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """One worker of a node started with ``server.workers = count``.
+
+    ``token`` is random per node start; it names the link sockets (abstract unix sockets, so no
+    path length limit and nothing left on disk) and is checked in the link handshake.
+    """
+
+    index: int
+    count: int
+    token: str
+
+    @property
+    def is_leader(self) -> bool:
+        return self.index == LEADER
+
+    def link_address(self, index: int) -> str:
+        """The abstract unix socket worker ``index`` accepts links on."""
+        return f"\0meshmq-{self.token}-{index}"
+
+    @property
+    def state_directory(self) -> str:
+        """Name of this worker's state directory under ``data_dir``."""
+        return "state" if self.is_leader else f"state-{self.index}"
+
+
+def resolve_workers(configured: int) -> int:
+    """``server.workers``: 0 means one per CPU this process may run on (taskset respected)."""
+    if configured > 0:
+        return configured
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(1, os.cpu_count() or 1)
