@@ -66,10 +66,11 @@ class BrokerProcess:
 
 
 def start_broker(tmp_path: Path, config: str = "", name: str = "broker",
-                 bind: str = "127.0.0.1") -> BrokerProcess:
+                 bind: str = "127.0.0.1", workers: int = 1) -> BrokerProcess:
     """Start a broker with ``config`` (TOML text, merged after the defaults) and wait for it.
 
     Clients always connect to 127.0.0.1; ``bind`` only changes what the broker listens on.
+    ``workers`` is ``server.workers`` (1 unless a test is about workers).
     """
     workdir = tmp_path / name
     workdir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +81,7 @@ def start_broker(tmp_path: Path, config: str = "", name: str = "broker",
     cmd = [
         sys.executable, "-m", "meshmq", "serve", "--config", str(config_file),
         "--bind", bind, "--port", "0", "--data-dir", str(workdir / "data"),
-        "--log-level", "debug", "--port-file", str(port_file),
+        "--log-level", "debug", "--port-file", str(port_file), "--workers", str(workers),
     ]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
@@ -114,8 +115,8 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     started: list[BrokerProcess] = []
 
-    def factory(config: str = "", name: str = "broker") -> BrokerProcess:
-        proc = start_broker(tmp_path, config, name)
+    def factory(config: str = "", name: str = "broker", workers: int = 1) -> BrokerProcess:
+        proc = start_broker(tmp_path, config, name, workers=workers)
         started.append(proc)
         return proc
 

@@ -34,6 +34,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # meshmq settings for every scenario (dotted keys; see docs/configuration.md).
 BASE_MESHMQ: dict[str, object] = {
     "server.log_level": "warning",
+    "server.workers": 1,  # the one-core comparison; the workers scenario sets its own
     "limits.connect_rate": 0,  # the default (1000/s) would throttle the idle scenario
     "session.max_inflight_messages": INFLIGHT,
 }
