@@ -38,9 +38,16 @@ from meshmq.broker.keeper import StateKeeper
 from meshmq.broker.message import Message
 from meshmq.broker.persistence import Persistence
 from meshmq.broker.ratelimit import ConnectRateLimiter
-from meshmq.broker.replay import REPLAY_PROPERTY, ReplayError, parse_replay, start_offsets
+from meshmq.broker.replay import (
+    REPLAY_PROPERTY,
+    ReplayError,
+    ReplayRequest,
+    parse_replay,
+    start_offsets,
+)
 from meshmq.broker.router import Router
 from meshmq.broker.session import Session, Subscription
+from meshmq.cluster.remotelog import Appended
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.packets import (
     MQTT_5,
@@ -126,6 +133,11 @@ class Broker:
 
         self.mesh = Mesh(self, worker)
         await self.mesh.start()
+        if self.config.log.enabled and not worker.is_leader:
+            from meshmq.cluster.remotelog import RemoteLog
+
+            self.persistence = RemoteLog(self.config.log, self.config.server.data_dir,
+                                         self.mesh, self.mesh.leader_high)
 
     def start(self) -> None:
         """Restore the stored sessions and retained messages; then tune the GC."""
@@ -188,10 +200,28 @@ class Broker:
         if code:
             self._reject(client, code, "authentication")
             client.close()
+        elif self.mesh is not None and self.mesh.links and packet.client_id:
+            # Another worker may hold this client's session: take it over first.
+            if client.held is None:
+                client.hold()
+            self.mesh.claim(packet.client_id or "", packet.clean_start,
+                            partial(self._claimed, client, packet))
+            return
         else:
             self._accept_connect(client, packet)
         if resume:
             client.release()
+
+    def _claimed(self, client: ClientProtocol, packet: Connect, sessions: list[bytes]) -> None:
+        """Peers answered the claim (workers): adopt what they handed over, then connect."""
+        adopted = self.mesh.adopt(sessions) if sessions else []  # type: ignore[union-attr]
+        if client.gone:  # the new connection went away meanwhile: the session waits here
+            for session in adopted:
+                self._start_expiry(session)
+                self.keeper.detached(session)
+            return
+        self._accept_connect(client, packet)
+        client.release()
 
     def _accept_connect(self, client: ClientProtocol, packet: Connect) -> None:
         conn = client.conn
@@ -387,8 +417,7 @@ class Broker:
         receivers = self.router.publish(message, now)
         qos = packet.qos
         if message.retain:  # the retained store changed: acknowledge once that is on disk
-            stored = message if message.payload else None
-            self.keeper.retained(message.topic, stored, partial(
+            self._keep_retained(message, partial(
                 self._acknowledge, client, packet, receivers
             ) if qos else None)
             return
@@ -418,6 +447,10 @@ class Broker:
             session.qos2_pending.discard(packet.packet_id)
             if isinstance(outcome, BaseException):
                 return self._persist_failed(client, packet, outcome)
+            if isinstance(outcome, Appended):  # workers: the leader stored and routed it
+                if session.client is client and not client.gone:
+                    self._acknowledge(client, packet, outcome.receivers)
+                return
             partition, offset = outcome  # type: ignore[misc]
             message.set_position(partition, offset)
             self.persistence.routed(partition, offset)  # type: ignore[union-attr]
@@ -439,7 +472,8 @@ class Broker:
         log.error("commit log append failed topic=%r error=%r", packet.topic, str(error))
         client.session.qos2_in.discard(packet.packet_id)
         if not client.gone:
-            self._refuse_publish(client, packet, ReasonCode.UNSPECIFIED_ERROR, "log failure")
+            code = getattr(error, "reason_code", ReasonCode.UNSPECIFIED_ERROR)
+            self._refuse_publish(client, packet, code, "log failure")
             client.wake()
 
     def _refuse_publish(self, client: ClientProtocol, packet: Publish, code: int, why: str) -> None:
@@ -494,8 +528,9 @@ class Broker:
             )
         codes: list[int] = []
         retained: list[tuple[str, Subscription]] = []
+        replayed: list[str] = []
         try:
-            replay = self._replay_request(packet)
+            request, replay = self._replay_request(packet)
         except ReplayError as error:
             log.info("replay refused client_id=%s why=%r", session.client_id, str(error))
             refused = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
@@ -539,12 +574,16 @@ class Broker:
             codes.append(options.qos)
             if replay is not None and group is None:
                 session.replay(topic_filter, replay)  # history instead of retained messages
+                replayed.append(topic_filter)
                 continue
             handling = options.retain_handling
             if group is None and (handling == 0 or (handling == 1 and not existed)):
                 retained.append((plain, subscription))  # MQTT-3.3.1-9, -10, -11
         log.debug("subscribed client_id=%s filters=%s codes=%s", session.client_id,
                   [f for f, _ in packet.subscriptions], codes)
+
+        if replayed and request is not None and not self.persistence.routes_locally:  # type: ignore[union-attr]
+            self._sync_replay(session, request, replayed)
 
         def stored() -> None:  # SUBACK once a persistent session's subscriptions are on disk
             if client.gone:
@@ -557,18 +596,43 @@ class Broker:
 
         self.keeper.subscriptions(session, [f for f, _ in packet.subscriptions], stored)
 
-    def _replay_request(self, packet: Subscribe) -> list[int] | None:
+    def _replay_request(self, packet: Subscribe) -> tuple[ReplayRequest | None, list[int] | None]:
         """Start offsets asked for with the ``meshmq-replay`` user property (docs/replay.md)."""
         pairs = packet.properties.get(PropertyId.USER_PROPERTY) or ()
         values = [value for name, value in pairs if name == REPLAY_PROPERTY]  # type: ignore[misc]
         if not values:
-            return None
+            return None, None
         request = parse_replay(values[-1])
         if request.kind == "latest":
-            return None
+            return None, None
         if self.persistence is None:
             raise ReplayError("replay needs the commit log (log.enabled = true)")
-        return start_offsets(request, self.persistence)
+        return request, start_offsets(request, self.persistence)
+
+    def _sync_replay(self, session: Session, request: ReplayRequest, filters: list[str]) -> None:
+        """Workers: history ends where the leader's high watermark is once our new routes are
+        in place. Until it answers, the replay covers everything (live messages on these
+        filters wait for it) and reads nothing; then its start offsets are computed again."""
+        catchup = session.catchup
+        if catchup is None:
+            return
+        for entry in catchup.filters:
+            if entry.topic_filter in filters:
+                entry.start = [0] * len(entry.start)
+        catchup.syncing += 1
+
+        def synced() -> None:
+            catchup.syncing -= 1
+            try:
+                start = start_offsets(request, self.persistence)  # type: ignore[arg-type]
+            except ReplayError:  # checked at SUBSCRIBE; the log cannot shrink its partitions
+                start = list(self.persistence.high_watermark)  # type: ignore[union-attr]
+            for entry in catchup.filters:
+                if entry.topic_filter in filters:
+                    entry.start = list(start)
+            session.pump(self.loop.time())
+
+        self.mesh.sync(synced)  # type: ignore[union-attr]
 
     def _subscription_quota_full(self, session: Session, topic_filter: str) -> bool:
         """True if ``topic_filter`` would be one filter more than ``limits.max_subscriptions``."""
@@ -581,14 +645,26 @@ class Broker:
         return True
 
     def _send_retained(self, session: Session, retained: list[tuple[str, Subscription]]) -> None:
+        if not retained:
+            return
+        if not self.router.keeps_retained:  # workers: the leader has them
+            def answer(found: list[list[Message]]) -> None:
+                if session.client is not None or session.expiry_interval:
+                    self._deliver_retained(session, retained, found)
+                    if session.client is not None:
+                        session.client.wake()
+
+            self.mesh.query_retained([plain for plain, _ in retained], answer)  # type: ignore[union-attr]
+            return
+        found = [self.retained_matching(plain) for plain, _ in retained]
+        self._deliver_retained(session, retained, found)
+
+    def _deliver_retained(self, session: Session, retained: list[tuple[str, Subscription]],
+                          found: list[list[Message]]) -> None:
         now = self.loop.time()
-        for plain, subscription in retained:
+        for (_, subscription), messages in zip(retained, found, strict=True):
             ids = None if subscription.subscription_id is None else [subscription.subscription_id]
-            for message in self.router.retained_for(plain):
-                if message.expired(now):
-                    self.router.retained.set(message.topic, None)
-                    self.keeper.retained(message.topic, None)
-                    continue
+            for message in messages:
                 qos = min(message.qos, subscription.options.qos)
                 # MQTT-3.3.1-8: retain flag set; a copy, as it is not a live log record
                 session.deliver(message.unpositioned(), qos, True, ids, now)
@@ -656,11 +732,14 @@ class Broker:
         if session.expiry_interval == 0:
             self._end_session(session, now)
             return
+        self._start_expiry(session)
+        self.keeper.detached(session)
+
+    def _start_expiry(self, session: Session) -> None:
         if session.expiry_interval != NEVER_EXPIRES:
             session.expiry_handle = self.loop.call_later(
                 session.expiry_interval, self._expire, session
             )
-        self.keeper.detached(session)
 
     def _publish_will(self, session: Session, will: Any) -> None:
         session.will_handle = None
@@ -671,6 +750,8 @@ class Broker:
         persistence = self.persistence
         if persistence is not None and persistence.wants(message.topic, message.qos):
             def durable(outcome: object) -> None:  # like any publish: in the log, then routed
+                if isinstance(outcome, Appended):
+                    return  # workers: the leader stored and routed it
                 if not isinstance(outcome, BaseException):
                     message.set_position(*outcome)  # type: ignore[misc]
                     persistence.routed(*outcome)  # type: ignore[misc]
@@ -684,7 +765,90 @@ class Broker:
     def _route_will(self, message: Message) -> None:
         self.router.publish(message, self.loop.time())
         if message.retain:
-            self.keeper.retained(message.topic, message if message.payload else None)
+            self._keep_retained(message, None)
+
+    # ------------------------------------------------------------------ retained, workers
+
+    def _keep_retained(self, message: Message, done: Callable[[], None] | None) -> None:
+        """Store the retained message of ``message.topic`` durably (clear it if the payload
+        is empty), then ``done``: here, or at the leader when this worker is not it."""
+        if self.router.keeps_retained:
+            self.keeper.retained(message.topic, message if message.payload else None, done)
+        else:
+            self.mesh.store_retained(message, done)  # type: ignore[union-attr]
+
+    def store_retained(self, message: Message, done: Callable[[], None]) -> None:
+        """Leader: a peer's retained publish (already routed by the peer)."""
+        stored = message if message.payload else None
+        self.router.retained.set(message.topic, stored)
+        self.keeper.retained(message.topic, stored, done)
+
+    def retained_matching(self, topic_filter: str) -> list[Message]:
+        """Leader: the retained messages ``topic_filter`` matches, dropping expired ones."""
+        now = self.loop.time()
+        found = []
+        for message in self.router.retained_for(topic_filter):
+            if message.expired(now):
+                self.router.retained.set(message.topic, None)
+                self.keeper.retained(message.topic, None)
+            else:
+                found.append(message)
+        return found
+
+    def append_for_peer(self, message: Message, client_id: str,
+                        reply: Callable[..., None]) -> None:
+        """Leader: persist a peer's publish, route it once durable, then answer the peer."""
+        persistence = self.persistence
+        if persistence is None or not persistence.routes_locally:
+            return reply(ReasonCode.UNSPECIFIED_ERROR)
+
+        def durable(outcome: object) -> None:
+            if isinstance(outcome, BaseException):
+                log.error("commit log append failed topic=%r error=%r", message.topic,
+                          str(outcome))
+                return reply(ReasonCode.UNSPECIFIED_ERROR)
+            partition, offset = outcome  # type: ignore[misc]
+            message.set_position(partition, offset)
+            persistence.routed(partition, offset)
+            receivers = self.router.publish(message, self.loop.time())
+            if message.retain:
+                self.keeper.retained(message.topic, message if message.payload else None,
+                                     partial(reply, 0, partition, offset, receivers))
+            else:
+                reply(0, partition, offset, receivers)
+
+        if not persistence.append(message, client_id, durable):
+            reply(ReasonCode.QUOTA_EXCEEDED)
+
+    def release_session(self, client_id: str, clean_start: bool) -> Session | None:
+        """A peer claims ``client_id``: disconnect its client here (0x8E) and hand the session
+        over (removed from here), or end it if the new connection starts clean."""
+        session = self.sessions.get(client_id)
+        if session is not None and session.client is not None:
+            self._take_over(session.client)  # type: ignore[arg-type]
+            session = self.sessions.get(client_id)
+        if session is None:
+            return None
+        if clean_start:
+            self._end_session(session, self.loop.time())
+            return None
+        self.discard_session(session)
+        return session
+
+    def discard_session(self, session: Session) -> None:
+        """Remove a session from this worker without a will or redistribution (it lives on
+        elsewhere)."""
+        if session.client is not None:
+            self._take_over(session.client)  # type: ignore[arg-type]
+        self._cancel_timers(session)
+        session.will = None
+        for topic_filter in list(session.subscriptions):
+            subscription = session.subscriptions[topic_filter]
+            self.router.unsubscribe(session, topic_filter)
+            session.subscriptions[topic_filter] = subscription  # still part of the export
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+            self.keeper.ended(session)
 
     def _expire(self, session: Session) -> None:
         session.expiry_handle = None
@@ -714,6 +878,8 @@ class Broker:
     def shutdown(self) -> None:
         """Close every connection for a clean stop: DISCONNECT 0x8B, no wills."""
         self.shutting_down = True
+        if self.mesh is not None:
+            self.mesh.close()
         self.authenticator.close()
         for client in list(self.clients):
             client.conn.send_disconnect(ReasonCode.SERVER_SHUTTING_DOWN)

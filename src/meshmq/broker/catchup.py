@@ -64,6 +64,7 @@ class CatchUp:
     filters: list[ReplayFilter] = field(default_factory=list)
     dup_below: list[int] | None = None  # records below these offsets may have been sent before
     lost: int = 0  # records deleted by retention before this session could read them
+    syncing: int = 0  # workers: waiting for the leader's high watermark (remotelog.py)
     _skipped: dict[int, int] = field(default_factory=dict)
     _matched: dict[tuple[str, str], bool] = field(default_factory=dict)
 
@@ -106,6 +107,8 @@ class CatchUp:
 
     @property
     def finished(self) -> bool:
+        if self.syncing:
+            return False
         high = self.persistence.high_watermark
         return all(f.start[p] >= high[p] for f in self.filters for p in range(len(high)))
 
@@ -119,6 +122,8 @@ class CatchUp:
         returns False when the session cannot take it now: reading stops there, and that record
         is read again by the next step.
         """
+        if self.syncing:
+            return 0
         high = self.persistence.high_watermark
         cursor = self.cursor()
         read = 0

@@ -139,6 +139,19 @@ class Message:
                 frames[key] = frame
         return frame
 
+    def wire_properties(self, now: float) -> bytes:
+        """The 5.0 property block to forward this message with: as published (without the
+        log position user properties, which travel separately), expiry counted down."""
+        props = self._properties
+        if self.position is not None and not self._position_pending:
+            pairs = props[PropertyId.USER_PROPERTY][:-2]  # type: ignore[index]
+            props = {k: v for k, v in props.items() if k != PropertyId.USER_PROPERTY}
+            if pairs:
+                props[PropertyId.USER_PROPERTY] = pairs
+        if self.expires_at is not None:
+            props = {**props, _EXPIRY: max(1, int(self.expires_at - now + 0.999))}
+        return encode_properties(props) if props else b"\x00"
+
     def encoded_properties(self) -> bytes:
         """The 5.0 property block of this message as published (cached)."""
         props = self._props_v5

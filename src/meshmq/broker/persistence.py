@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from meshmq.broker.message import Message
 from meshmq.config import LogSettings
@@ -44,14 +45,61 @@ log = logging.getLogger("meshmq.persistence")
 Completion = Callable[[AppendResult | BaseException], None]
 
 
-class Persistence:
+class LogAccess:
+    """What persistence looks like to sessions and replay, on the log's owner or not: which
+    publishes persist, the high watermark, and reading (``commit_log``: ``read``,
+    ``earliest_offset``, ``offset_for_timestamp``)."""
+
+    routes_locally = True  # a durable append is routed here (False: the leader routes it)
+    commit_log: Any
+    high_watermark: list[int]
+
+    def __init__(self, settings: LogSettings) -> None:
+        self.settings = settings
+        self.filters = [f.strip() for f in settings.persist_filters.split(",") if f.strip()]
+        self._cache: dict[str, bool] = {}
+
+    def wants(self, topic: str, qos: int) -> bool:
+        """Is a publish on ``topic`` at ``qos`` persisted? (cached per topic)"""
+        if not qos and not self.settings.persist_qos0:
+            return False
+        decision = self._cache.get(topic)
+        if decision is None:
+            if len(self._cache) >= 10_000:
+                self._cache.clear()
+            decision = self._cache[topic] = any(topic_matches(f, topic) for f in self.filters)
+        return decision
+
+    def append(self, message: Message, client_id: str, done: Completion) -> bool:
+        raise NotImplementedError
+
+    def routed(self, partition: int, offset: int) -> None:
+        """The record at ``offset`` is being routed: advance that partition's high watermark."""
+        if offset >= self.high_watermark[partition]:
+            self.high_watermark[partition] = offset + 1
+
+    def earliest_offsets(self) -> list[int]:
+        return [self.commit_log.earliest_offset(p) for p in range(len(self.high_watermark))]
+
+    def offsets_for_timestamp(self, timestamp_ms: int) -> list[int]:
+        """Per partition, the first routed offset at or after ``timestamp_ms``."""
+        offsets = []
+        for partition, high in enumerate(self.high_watermark):
+            found = self.commit_log.offset_for_timestamp(partition, timestamp_ms)
+            offsets.append(high if found is None else min(found, high))
+        return offsets
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Persistence(LogAccess):
     """Owns the commit log and its writer thread for one broker node."""
 
     def __init__(self, settings: LogSettings, data_dir: str, loop: asyncio.AbstractEventLoop):
-        self.settings = settings
+        super().__init__(settings)
         self.loop = loop
         self.fsync_rules = parse_fsync_rules(settings.fsync_rules)  # before opening anything
-        self.filters = [f.strip() for f in settings.persist_filters.split(",") if f.strip()]
         config = LogConfig(
             partitions=settings.partitions,
             segment_bytes=settings.segment_bytes,
@@ -67,23 +115,11 @@ class Persistence:
         )
         self._done: deque[tuple[Completion, AppendResult | BaseException]] = deque()
         self._scheduled = False
-        self._cache: dict[str, bool] = {}
         self._policies: dict[str, FsyncPolicy | None] = {}
         # Per partition, the offset after the last record routed to subscribers (catchup.py).
         self.high_watermark = [
             self.commit_log.next_offset(p) for p in range(self.commit_log.partition_count)
         ]
-
-    def wants(self, topic: str, qos: int) -> bool:
-        """Is a publish on ``topic`` at ``qos`` persisted? (cached per topic)"""
-        if not qos and not self.settings.persist_qos0:
-            return False
-        decision = self._cache.get(topic)
-        if decision is None:
-            if len(self._cache) >= 10_000:
-                self._cache.clear()
-            decision = self._cache[topic] = any(topic_matches(f, topic) for f in self.filters)
-        return decision
 
     def append(self, message: Message, client_id: str, done: Completion) -> bool:
         """Queue ``message`` for the log; ``done`` runs on the loop once durable (or failed).
@@ -115,22 +151,6 @@ class Persistence:
                 None,
             )
         return policy  # type: ignore[return-value]
-
-    def routed(self, partition: int, offset: int) -> None:
-        """The record at ``offset`` is being routed: advance that partition's high watermark."""
-        if offset >= self.high_watermark[partition]:
-            self.high_watermark[partition] = offset + 1
-
-    def earliest_offsets(self) -> list[int]:
-        return [self.commit_log.earliest_offset(p) for p in range(len(self.high_watermark))]
-
-    def offsets_for_timestamp(self, timestamp_ms: int) -> list[int]:
-        """Per partition, the first routed offset at or after ``timestamp_ms``."""
-        offsets = []
-        for partition, high in enumerate(self.high_watermark):
-            found = self.commit_log.offset_for_timestamp(partition, timestamp_ms)
-            offsets.append(high if found is None else min(found, high))
-        return offsets
 
     def _completed(self, done: Completion, outcome: AppendResult | BaseException) -> None:
         """On the writer thread: queue the completion, wake the loop once per burst.

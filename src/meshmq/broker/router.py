@@ -14,11 +14,18 @@ The router owns three indexes and no sockets:
 with the highest granted QoS and every matching subscription identifier (MQTT-3.3.4-2, -3,
 -4). Each shared group delivers to exactly one member, preferring attached, uncongested ones.
 
-Events in (subscribe, unsubscribe, publish), deliveries out (``Session.deliver``): a later
-cluster link is one more kind of receiver and needs nothing from the connections.
+Events in (subscribe, unsubscribe, publish), deliveries out (``Session.deliver``). With
+workers, a ``Mesh`` (cluster/mesh.py) is one more kind of receiver: it hears every route change
+(``route_listener``), and ``publish()`` hands it each message after the local plain deliveries
+so that it forwards the message once to each peer router with a matching subscriber and picks
+one member, local or remote, for each shared group. Only the leader worker keeps retained
+messages (``keeps_retained``); the others ask it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from meshmq.broker.message import Message
 from meshmq.broker.retained import RetainedStore
@@ -26,7 +33,11 @@ from meshmq.broker.session import Session, Subscription
 from meshmq.broker.trie import SubscriptionTrie
 from meshmq.mqtt.topics import parse_shared_filter
 
+if TYPE_CHECKING:
+    from meshmq.cluster.mesh import Mesh
+
 SharedKey = tuple[str, str]  # (group name, filter)
+RouteListener = Callable[[bool, str, str], None]  # (added, group or "", plain filter)
 
 
 class SharedGroup:
@@ -84,6 +95,9 @@ class Router:
         self.retained: RetainedStore[Message] = RetainedStore()
         self.routed = 0
         self.delivered = 0
+        self.mesh: Mesh | None = None
+        self.route_listener: RouteListener | None = None
+        self.keeps_retained = True
 
     # ------------------------------------------------------------------ subscriptions
 
@@ -92,6 +106,8 @@ class Router:
         existed = topic_filter in session.subscriptions
         session.subscriptions[topic_filter] = subscription
         group, plain = parse_shared_filter(topic_filter)
+        if not existed and self.route_listener is not None:
+            self.route_listener(True, group or "", plain)
         if group is None:
             self.subscriptions.add(plain, session.client_id, subscription)
         else:
@@ -107,6 +123,8 @@ class Router:
         if session.subscriptions.pop(topic_filter, None) is None:
             return False
         group, plain = parse_shared_filter(topic_filter)
+        if self.route_listener is not None:
+            self.route_listener(False, group or "", plain)
         if group is None:
             self.subscriptions.remove(plain, session.client_id)
         else:
@@ -128,10 +146,14 @@ class Router:
 
     def publish(self, message: Message, now: float) -> int:
         """Route ``message``; store or clear it as retained if flagged. Returns receivers."""
-        if message.retain:
+        if message.retain and self.keeps_retained:
             self.retained.set(message.topic, message if message.payload else None)
         self.routed += 1
         count = self._deliver_plain(message, now)
+        if self.mesh is not None:  # shared groups (local or remote members) and peers
+            count += self.mesh.route(message, now)
+            self.delivered += count
+            return count
         shared = self.shared  # entry_count: no __len__ call per publish
         shared_matches = shared.match(message.topic) if shared.entry_count else ()
         for topic_filter, groups in shared_matches:
@@ -139,6 +161,19 @@ class Router:
                 count += self._deliver_to_group(
                     (group_name, topic_filter), group, message, message.qos, now, None
                 )
+        self.delivered += count
+        return count
+
+    def deliver_forwarded(
+        self, message: Message, groups: list[SharedKey], now: float
+    ) -> int:
+        """A message another router routed: our plain subscribers, and one member of each
+        shared group in ``groups`` (the sender chose us for those)."""
+        count = self._deliver_plain(message, now)
+        for key in groups:
+            group = self.shared.get(key[1], key[0])
+            if group is not None:
+                count += self._deliver_to_group(key, group, message, message.qos, now, None)
         self.delivered += count
         return count
 
@@ -186,9 +221,11 @@ class Router:
         """Deliver to one member of the shared group ``key`` (used on redistribution)."""
         group_name, topic_filter = key
         group = self.shared.get(topic_filter, group_name)
-        if group is None:
-            return 0
-        return self._deliver_to_group(key, group, message, qos, now, exclude)
+        delivered = 0 if group is None else self._deliver_to_group(
+            key, group, message, qos, now, exclude)
+        if not delivered and self.mesh is not None:  # no member left here: one elsewhere
+            return self.mesh.forward_to_group(key, message, now)
+        return delivered
 
     def _deliver_to_group(
         self, key: SharedKey, group: SharedGroup, message: Message, qos: int, now: float,

@@ -1,0 +1,76 @@
+"""One link to a peer router: an asyncio protocol that frames bytes for the mesh.
+
+Outgoing frames are queued and written once per loop turn (one ``write`` for every FORWARD of
+a burst); incoming bytes go through ``FrameReader`` and each frame to ``Mesh.on_frame``. A
+``LinkError`` (bytes that are not the link protocol) closes the link; the mesh then treats the
+peer as gone until it links again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from meshmq.cluster.codec import FrameReader, LinkError
+
+if TYPE_CHECKING:
+    from meshmq.cluster.mesh import Mesh
+
+log = logging.getLogger("meshmq.link")
+
+WRITE_HIGH_WATER = 64 * 1024 * 1024  # bytes queued to a peer before its link counts as slow
+
+
+class Link(asyncio.Protocol):
+    """A connection to peer ``peer`` (known at once when we dialed, after HELLO otherwise)."""
+
+    def __init__(self, mesh: Mesh, peer: int | None) -> None:
+        self.mesh = mesh
+        self.peer = peer
+        self.ready = False  # HELLO received
+        self.transport: asyncio.Transport | None = None
+        self._reader = FrameReader()
+        self._out: list[bytes] = []
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[union-attr]
+        self.mesh.link_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+            for frame_type, body in frames:
+                if self.closed:
+                    return
+                self.mesh.on_frame(self, frame_type, body)
+        except LinkError as error:
+            log.error("link protocol error peer=%s error=%r: closing the link", self.peer,
+                      str(error))
+            self.close()
+
+    def send(self, frame: bytes) -> None:
+        if self.closed:
+            return
+        out = self._out
+        if not out:
+            self.mesh.loop.call_soon(self.flush)
+        out.append(frame)
+
+    def flush(self) -> None:
+        out = self._out
+        if not out or self.transport is None or self.closed:
+            return
+        self._out = []
+        self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.flush()
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.mesh.link_lost(self)

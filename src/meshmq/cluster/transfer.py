@@ -1,0 +1,139 @@
+"""What crosses a link besides routes: messages, and whole sessions on a takeover.
+
+A ``Message`` becomes a ``WireMessage`` with its properties as published (the log position
+travels as two integers, not as user properties) and its expiry counted down to now. A session
+handed to another worker (``CLAIM``) is a JSON document (subscriptions, packet ids, the log
+cursor of its catch-up) plus its unacknowledged and queued messages, so that the new worker
+resends exactly what the old one would have: inflight messages with DUP, then the queue, then
+whatever its cursor has not read yet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from meshmq.broker.catchup import CatchUp
+from meshmq.broker.keeper import options_from_json, options_to_json
+from meshmq.broker.message import Message
+from meshmq.broker.session import Outbound, Session
+from meshmq.cluster.codec import (
+    LinkError,
+    Reader,
+    WireMessage,
+    decode_message,
+    encode_message,
+    messages_blob,
+)
+from meshmq.mqtt.codec import decode_properties
+from meshmq.mqtt.properties import PacketKind, Properties
+
+if TYPE_CHECKING:
+    from meshmq.broker.broker import Broker
+
+
+def to_wire(message: Message, now: float, positioned: bool = True) -> WireMessage:
+    return WireMessage(
+        message.topic, message.payload, message.qos, message.retain,
+        message.wire_properties(now), message.sender or "",
+        message.position if positioned else None,
+    )
+
+
+def from_wire(wire: WireMessage, now: float) -> Message:
+    properties: Properties = {}
+    block = wire.properties
+    if block != b"\x00":
+        try:
+            properties, end = decode_properties(block, 0, len(block), PacketKind.PUBLISH)
+        except Exception as error:  # a codec error: the peer is not speaking the protocol
+            raise LinkError(f"bad message properties: {error}") from None
+        if end != len(block):
+            raise LinkError("bad message properties: trailing bytes")
+    message = Message(wire.topic, wire.payload, wire.qos, wire.retain, properties,
+                      wire.sender or None, now)
+    if wire.position is not None:
+        message.set_position(*wire.position)
+    return message
+
+
+# ---------------------------------------------------------------------- sessions
+
+
+def export_session(session: Session, now: float) -> bytes:
+    """``session`` as bytes for ``import_session`` on another worker."""
+    messages: list[bytes] = []
+
+    def ref(message: Message) -> int:
+        messages.append(encode_message(to_wire(message, now)))
+        return len(messages) - 1
+
+    catchup = session.catchup
+    document: dict[str, Any] = {
+        "client_id": session.client_id,
+        "expiry": session.expiry_interval,
+        "username": session.username,
+        "subs": {f: options_to_json(s) for f, s in session.subscriptions.items()},
+        "qos2_in": sorted(session.qos2_in),
+        "next_packet_id": session._next_packet_id,
+        "dropped": session.dropped,
+        "detached_at": session.detached_at,
+        "inflight": [
+            [packet_id, ref(out.message), out.qos, out.retain, out.subscription_ids,
+             out.group, out.released]
+            for packet_id, out in session.inflight.items()
+        ],
+        "queue": [
+            [ref(message), qos, retain, ids, group, dup]
+            for message, qos, retain, ids, group, dup in session.queue
+        ],
+        "catchup": None if catchup is None else {
+            "filters": [[f.topic_filter, f.start] for f in catchup.filters],
+            "dup_below": catchup.dup_below,
+            "lost": catchup.lost,
+        },
+    }
+    head = json.dumps(document, separators=(",", ":")).encode("utf-8")
+    return b"".join(messages_blob(messages).blob(head).parts)
+
+
+def import_session(broker: Broker, data: bytes, now: float) -> Session:
+    """Rebuild an exported session here (detached: the caller attaches it)."""
+    reader = Reader(data)
+    messages = [from_wire(decode_message(reader.blob()), now) for _ in range(reader.u32())]
+    try:
+        document = json.loads(reader.blob())
+    except ValueError:
+        raise LinkError("bad session document") from None
+    reader.end()
+    session = broker._new_session(document["client_id"])
+    session.expiry_interval = document["expiry"]
+    session.username = document["username"]
+    session.qos2_in = set(document["qos2_in"])
+    session._next_packet_id = document["next_packet_id"]
+    session.dropped = document["dropped"]
+    session.detached_at = document["detached_at"]
+    for topic_filter, options in document["subs"].items():
+        broker.router.subscribe(session, topic_filter, options_from_json(options))
+    for packet_id, index, qos, retain, ids, group, released in document["inflight"]:
+        outbound = Outbound(messages[index], qos, retain, ids, _key(group))
+        outbound.released = released
+        session.inflight[packet_id] = outbound
+    session.queue = deque(
+        (messages[index], qos, retain, ids, _key(group), dup)
+        for index, qos, retain, ids, group, dup in document["queue"]
+    )
+    session.queued_bytes = sum(entry[0].size for entry in session.queue)
+    catchup = document["catchup"]
+    if catchup is not None and session.persistence is not None:
+        session.catchup = CatchUp(session.persistence)
+        for topic_filter, start in catchup["filters"]:
+            session.catchup.add(topic_filter, None, start)
+        session.catchup.dup_below = catchup["dup_below"]
+        session.catchup.lost = catchup["lost"]
+    return session
+
+
+def _key(group: list[str] | None) -> tuple[str, str] | None:
+    return None if group is None else (group[0], group[1])
