@@ -75,6 +75,7 @@ def start_broker(tmp_path: Path, config: str = "", name: str = "broker",
     workdir = tmp_path / name
     workdir.mkdir(parents=True, exist_ok=True)
     port_file = workdir / "port"
+    port_file.unlink(missing_ok=True)  # a restart must not read the previous run's port
     config_file = workdir / "meshmq.toml"
     config_file.write_text(config)
     log_path = workdir / "broker.log"

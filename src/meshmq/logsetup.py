@@ -8,6 +8,10 @@ Structured fields travel in ``extra={"kv": {...}}``; ``kv(**fields)`` builds tha
 
     log.info("listening", extra=kv(host=cfg.bind, port=port))
     log_kv(log, logging.INFO, "listening", host=cfg.bind, port=port)
+
+In a worker process of a multi-process node (``server.workers`` > 1) ``set_worker(index)`` makes
+every line say which worker wrote it: ``worker=1`` at the end of a text line, a ``"worker"`` key
+in JSON. The supervisor's own lines carry no worker.
 """
 
 from __future__ import annotations
@@ -19,6 +23,14 @@ import time
 from typing import Any
 
 LEVELS = ("debug", "info", "warning", "error")
+
+_worker: int | None = None  # this process's worker index (set_worker); None = not a worker
+
+
+def set_worker(index: int | None) -> None:
+    """Tag every later log line of this process with ``worker=index`` (None: no tag)."""
+    global _worker
+    _worker = index
 
 
 def kv(**fields: Any) -> dict[str, dict[str, Any]]:
@@ -52,6 +64,8 @@ class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         parts = [_timestamp(record), record.levelname, record.name, record.getMessage()]
         parts.extend(f"{key}={_text_value(value)}" for key, value in _fields(record).items())
+        if _worker is not None:
+            parts.append(f"worker={_worker}")
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
@@ -66,6 +80,8 @@ class _JSONFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if _worker is not None:
+            entry["worker"] = _worker
         for key, value in _fields(record).items():
             entry.setdefault(key, value)
         if record.exc_info:

@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshmq.broker")
 
 NEVER_EXPIRES = 0xFFFFFFFF
+WORKER_PROPERTY = "meshmq-worker"  # CONNACK user property: the worker serving the connection
 # Cyclic GC thresholds for a broker process. The defaults (700, 10, 10) ran a collection every
 # ~70 routed messages, each walking the messages still queued or in flight: 15-25% of the CPU
 # of a QoS 1 fan-in (docs/benchmarks.md). Routing creates no reference cycles (refcounting frees
@@ -215,6 +216,8 @@ class Broker:
     def _claimed(self, client: ClientProtocol, packet: Connect, sessions: list[bytes]) -> None:
         """Peers answered the claim (workers): adopt what they handed over, then connect."""
         adopted = self.mesh.adopt(sessions) if sessions else []  # type: ignore[union-attr]
+        for session in adopted:
+            self._sync_catchup(session)
         if client.gone:  # the new connection went away meanwhile: the session waits here
             for session in adopted:
                 self._start_expiry(session)
@@ -287,6 +290,8 @@ class Broker:
         }
         if assigned is not None:
             props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = assigned
+        if self.worker is not None:  # which worker serves this connection (docs/workers.md)
+            props[PropertyId.USER_PROPERTY] = [(WORKER_PROPERTY, str(self.worker.index))]
         if keep_alive != packet.keep_alive:
             props[PropertyId.SERVER_KEEP_ALIVE] = keep_alive  # MQTT-3.2.2-21
         if expiry != packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0):
@@ -608,6 +613,21 @@ class Broker:
         if self.persistence is None:
             raise ReplayError("replay needs the commit log (log.enabled = true)")
         return request, start_offsets(request, self.persistence)
+
+    def _sync_catchup(self, session: Session) -> None:
+        """Workers: a session handed over with a log cursor reads up to the leader's high
+        watermark as of after its routes moved here (records routed while they moved went
+        to neither worker live; remotelog.py)."""
+        catchup = session.catchup
+        if catchup is None or self.persistence is None or self.persistence.routes_locally:
+            return
+        catchup.syncing += 1
+
+        def synced() -> None:
+            catchup.syncing -= 1
+            session.pump(self.loop.time())
+
+        self.mesh.sync(synced)  # type: ignore[union-attr]
 
     def _sync_replay(self, session: Session, request: ReplayRequest, filters: list[str]) -> None:
         """Workers: history ends where the leader's high watermark is once our new routes are

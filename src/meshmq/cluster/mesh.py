@@ -207,7 +207,7 @@ class Mesh:
         keys = [(True, group, plain) for (group, plain) in self._local_refs]
         if keys:
             link.send(_routes_frame(keys))
-        log.info("linked worker=%d peer=%d", worker.index, index)
+        log.info("linked peer=%d", index)
         if len(self.links) == self.peers:
             self._linked.set()
 
@@ -218,7 +218,7 @@ class Mesh:
         del self.links[peer]
         self._forget_peer(peer)
         if not self.closing:
-            log.warning("link lost worker=%d peer=%d", self.worker.index, peer)
+            log.warning("link lost peer=%d", peer)
             if peer > self.worker.index:
                 self._dial(peer)
 

@@ -1,0 +1,300 @@
+"""A node with two workers behaves like one broker: routing, retained messages, shared groups,
+session takeover, persistent sessions, wills and the commit log across workers.
+
+Each client learns which worker serves it from the ``meshmq-worker`` CONNACK user property;
+``connect_on`` reconnects until the kernel's SO_REUSEPORT choice lands it on the worker a test
+needs.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+
+from conftest import WAIT, BrokerProcess, Client, props, wait_for
+
+LOG_OFF = "[log]\nenabled = false\n"
+LOG_ON = '[log]\nenabled = true\nfsync = "always"\n'
+
+
+def worker_of(connack_props: object) -> int:
+    pairs = dict(getattr(connack_props, "UserProperty", []) or [])
+    return int(pairs["meshmq-worker"])
+
+
+def connect_on(client_factory: Callable[..., Client], broker: BrokerProcess, worker: int,
+               client_id: str = "", clean_start: bool = True, expiry: int = 0,
+               **kwargs: object) -> Client:
+    """A 5.0 client connected to ``worker`` (new connections until one lands there)."""
+    for _ in range(64):
+        client = client_factory(client_id, **kwargs)
+        connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=expiry) if expiry else None
+        _, _, connack = client.connect(broker.port, clean_start=clean_start,
+                                       properties=connect_props)
+        if worker_of(connack) == worker:
+            return client
+        client.disconnect()
+    pytest.fail(f"no connection landed on worker {worker} in 64 tries")
+
+
+@pytest.fixture
+def workers(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
+    return broker_factory(LOG_OFF, workers=2)
+
+
+def drain(client: Client, count: int) -> list[bytes]:
+    return [client.expect().payload for _ in range(count)]
+
+
+def test_every_subscriber_gets_each_publish_once_whichever_worker(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    subscribers = [connect_on(client_factory, workers, w % 2) for w in range(4)]
+    for subscriber in subscribers:
+        subscriber.subscribe("fleet/#", qos=1)
+    overlapping = connect_on(client_factory, workers, 1)  # two filters, one copy
+    overlapping.subscribe([("fleet/+/temp", 1), ("fleet/#", 1)])  # type: ignore[arg-type]
+    publishers = [connect_on(client_factory, workers, w) for w in (0, 1)]
+    for index, publisher in enumerate(publishers):
+        for n in range(50):
+            publisher.publish(f"fleet/d{index}/temp", f"{index}:{n}", qos=1)
+    expected = sorted(f"{i}:{n}".encode() for i in (0, 1) for n in range(50))
+    for subscriber in [*subscribers, overlapping]:
+        got = drain(subscriber, 100)
+        assert sorted(got) == expected
+        for index in (0, 1):  # per publisher, in order
+            mine = [p for p in got if p.startswith(f"{index}:".encode())]
+            assert mine == [f"{index}:{n}".encode() for n in range(50)]
+        subscriber.expect_none(0.3)
+
+
+def test_unsubscribe_and_disconnect_withdraw_routes(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    subscriber = connect_on(client_factory, workers, 1)
+    subscriber.subscribe("a/b", qos=1)
+    publisher = connect_on(client_factory, workers, 0)
+    publisher.publish("a/b", "one", qos=1)
+    assert subscriber.expect().payload == b"one"
+    subscriber.unsubscribe("a/b")
+    info = publisher.publish("a/b", "two", qos=1)
+    acks = [publisher.acked.get(timeout=WAIT) for _ in range(2)]
+    assert acks[-1][0] == info.mid and acks[-1][1] == 0x10  # no matching subscribers anywhere
+    subscriber.expect_none(0.3)
+
+
+def test_retained_messages_are_one_store_for_all_workers(
+        broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    broker = broker_factory(LOG_OFF, workers=2)
+    publisher = connect_on(client_factory, broker, 1)
+    publisher.publish("status/a", "up", qos=1, retain=True)  # PUBACK: stored by the leader
+    publisher.publish("status/b", "up", qos=1, retain=True)
+    for worker in (0, 1):
+        late = connect_on(client_factory, broker, worker)
+        late.subscribe("status/#", qos=1)
+        got = {(m.topic, m.payload, m.retain) for m in (late.expect(), late.expect())}
+        assert got == {("status/a", b"up", True), ("status/b", b"up", True)}
+        late.disconnect()
+    connect_on(client_factory, broker, 0).publish("status/a", "", qos=1, retain=True)
+    broker.stop()
+    restarted = broker_factory(LOG_OFF, name="broker", workers=2)
+    for worker in (0, 1):
+        late = connect_on(client_factory, restarted, worker)
+        late.subscribe("status/#", qos=1)
+        message = late.expect()
+        assert (message.topic, message.payload) == ("status/b", b"up")
+        late.expect_none(0.3)
+        late.disconnect()
+
+
+def test_shared_group_gets_each_message_once_across_workers(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    members = [connect_on(client_factory, workers, w % 2) for w in range(4)]
+    for member in members:
+        member.subscribe("$share/g/jobs/#", qos=1)
+    other_group = connect_on(client_factory, workers, 1)
+    other_group.subscribe("$share/h/jobs/#", qos=1)
+    publishers = [connect_on(client_factory, workers, w) for w in (0, 1)]
+    for n in range(200):
+        publishers[n % 2].publish("jobs/x", str(n), qos=1)
+    counts: Counter[bytes] = Counter()
+    per_worker: Counter[int] = Counter()
+    while sum(counts.values()) < 200:
+        progressed = False
+        for index, member in enumerate(members):
+            while not member.messages.empty():
+                counts[member.messages.get().payload] += 1
+                per_worker[index % 2] += 1
+                progressed = True
+        if not progressed:
+            wait_for(lambda: any(not m.messages.empty() for m in members), what="shared message")
+    assert counts == Counter(str(n).encode() for n in range(200))  # once each
+    assert per_worker[0] > 0 and per_worker[1] > 0
+    assert sorted(m.payload for m in (other_group.expect() for _ in range(200))) == sorted(
+        str(n).encode() for n in range(200))
+    for member in members:
+        member.expect_none(0.2)
+
+
+def vanish(client: Client) -> None:
+    """Drop the connection without DISCONNECT (the session stays, its will goes out)."""
+    client.paho.loop_stop()
+    client.paho.socket().close()
+
+
+def resume(client_factory: Callable[..., Client], broker: BrokerProcess, client_id: str,
+           expiry: int) -> tuple[Client, int]:
+    client = client_factory(client_id)
+    flags, _, connack = client.connect(
+        broker.port, clean_start=False,
+        properties=props(PacketTypes.CONNECT, SessionExpiryInterval=expiry))
+    assert flags.session_present
+    return client, worker_of(connack)
+
+
+def test_session_taken_over_by_a_connection_to_the_other_worker(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    first = connect_on(client_factory, workers, 0, "device-7", expiry=300)
+    first.subscribe("cmd/device-7", qos=1)
+    publisher = connect_on(client_factory, workers, 0)
+    second = connect_on(client_factory, workers, 1, "device-7", clean_start=False, expiry=300)
+    assert first.disconnects.get(timeout=WAIT) == 0x8E  # Session taken over
+    publisher.publish("cmd/device-7", "reboot", qos=1)
+    assert second.expect().payload == b"reboot"
+    first.expect_none(0.2)
+    # Offline, queued, resumed wherever the kernel puts the next connection: every message,
+    # in order, each time; until a resume has crossed workers at least three times.
+    where, crossings, batch = 1, 0, 0
+    current = second
+    while crossings < 3:
+        assert batch < 40, "resumes never landed on the other worker"
+        vanish(current)
+        for n in range(20):
+            publisher.publish("cmd/device-7", f"{batch}:{n}", qos=1)
+        current, landed = resume(client_factory, workers, "device-7", 300)
+        assert drain(current, 20) == [f"{batch}:{n}".encode() for n in range(20)]
+        crossings += landed != where
+        where, batch = landed, batch + 1
+    current.expect_none(0.2)
+
+
+def test_clean_start_on_the_other_worker_ends_the_session(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    first = connect_on(client_factory, workers, 1, "sensor-1", expiry=300)
+    first.subscribe("x/#", qos=1)
+    first.disconnect()
+    client = client_factory("sensor-1")
+    for _ in range(64):
+        client = client_factory("sensor-1")
+        flags, _, connack = client.connect(workers.port, clean_start=True)
+        assert not flags.session_present
+        if worker_of(connack) == 0:
+            break
+        client.disconnect()
+    publisher = connect_on(client_factory, workers, 1)
+    info = publisher.publish("x/y", "nobody", qos=1)
+    acks = [publisher.acked.get(timeout=WAIT)]
+    assert acks[-1] == (info.mid, 0x10)
+
+
+def test_will_published_to_subscribers_on_both_workers(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    watchers = [connect_on(client_factory, workers, w) for w in (0, 1)]
+    for watcher in watchers:
+        watcher.subscribe("wills/#", qos=1)
+    for worker in (0, 1):
+        doomed = client_factory(f"doomed-{worker}")
+        doomed.paho.will_set(f"wills/{worker}", "gone", qos=1)
+        while True:
+            _, _, connack = doomed.connect(workers.port)
+            if worker_of(connack) == worker:
+                break
+            doomed.disconnect()
+            doomed = client_factory(f"doomed-{worker}")
+            doomed.paho.will_set(f"wills/{worker}", "gone", qos=1)
+        vanish(doomed)  # no DISCONNECT: the will goes out
+        for watcher in watchers:
+            message = watcher.expect()
+            assert (message.topic, message.payload) == (f"wills/{worker}", b"gone")
+
+
+def test_delayed_will_cancelled_by_reconnect_on_the_other_worker(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    watcher = connect_on(client_factory, workers, 0)
+    watcher.subscribe("wills/#", qos=1)
+    client = None
+    for _ in range(64):
+        client = client_factory("slow-will")
+        client.paho.will_set("wills/slow", "gone", qos=1,
+                             properties=props(PacketTypes.WILLMESSAGE, WillDelayInterval=2))
+        _, _, connack = client.connect(
+            workers.port, properties=props(PacketTypes.CONNECT, SessionExpiryInterval=60))
+        if worker_of(connack) == 0:
+            break
+        client.disconnect()
+    assert client is not None
+    vanish(client)
+    connect_on(client_factory, workers, 1, "slow-will", clean_start=False, expiry=60)
+    watcher.expect_none(3.0)  # past the will delay: cancelled by the reconnect
+
+
+@pytest.mark.parametrize("config", [LOG_OFF, LOG_ON], ids=["memory-queue", "log-cursor"])
+def test_offline_persistent_session_gets_everything_on_the_other_worker(
+        config: str, broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    broker = broker_factory(config, workers=2)
+    subscriber = connect_on(client_factory, broker, 1, "archiver", expiry=600)
+    subscriber.subscribe("data/#", qos=1)
+    publishers = [connect_on(client_factory, broker, w) for w in (0, 1)]
+    where, crossings, batch = 1, 0, 0
+    while crossings < 2:
+        assert batch < 30, "resumes never landed on the other worker"
+        subscriber.disconnect()
+        for n in range(200):
+            publishers[n % 2].publish(f"data/{n % 2}", f"{batch}:{n}", qos=1)
+        subscriber, landed = resume(client_factory, broker, "archiver", 600)
+        got = drain(subscriber, 200)
+        for worker in (0, 1):  # per publisher (and topic), in order
+            assert [p for p in got if int(p.split(b":")[1]) % 2 == worker] == [
+                f"{batch}:{n}".encode() for n in range(worker, 200, 2)]
+        crossings += landed != where
+        where, batch = landed, batch + 1
+    subscriber.expect_none(0.3)
+
+
+def test_acknowledged_publishes_on_any_worker_survive_kill_9(
+        broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    broker = broker_factory(LOG_ON, workers=2)
+    publishers = [connect_on(client_factory, broker, w) for w in (0, 1)]
+    acked: list[str] = []
+    for n in range(100):
+        publishers[n % 2].publish("ledger/entry", str(n), qos=1)
+        acked.append(str(n))
+    broker.stop(signal.SIGKILL)
+    restarted = broker_factory(LOG_ON, name="broker", workers=2)
+    reader = connect_on(client_factory, restarted, 1)
+    reader.subscribe("ledger/#", qos=1,
+                     properties=props(PacketTypes.SUBSCRIBE, UserProperty=[
+                         ("meshmq-replay", "earliest")]))
+    assert sorted(m.payload.decode() for m in (reader.expect() for _ in acked)) == sorted(acked)
+
+
+def test_replay_on_the_worker_without_the_log(
+        broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    broker = broker_factory(LOG_ON, workers=2)
+    publisher = connect_on(client_factory, broker, 0)
+    for n in range(50):
+        publisher.publish("hist/x", str(n), qos=1)
+    reader = connect_on(client_factory, broker, 1)
+    reader.subscribe("hist/#", qos=1, properties=props(
+        PacketTypes.SUBSCRIBE, UserProperty=[("meshmq-replay", "earliest")]))
+    for n in range(50, 80):  # live messages while the history is read: no gap, no repeat
+        publisher.publish("hist/x", str(n), qos=1, wait=False)
+    got = [m.payload for m in (reader.expect() for _ in range(80))]
+    assert got == [str(n).encode() for n in range(80)]
+    reader.expect_none(0.3)

@@ -1,0 +1,270 @@
+"""``server.workers = N``: the supervisor process, its workers, ports, signals and restarts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import BrokerProcess, start_broker, wait_for
+from meshmq.broker.supervisor import CrashHistory, ReservationError, reserve_ports
+from meshmq.cluster.spec import resolve_workers
+from meshmq.config import load_config
+from meshmq.logsetup import configure_logging, set_worker
+from rawclient import RawClient
+
+STARTED = re.compile(r"workers started count=(\d+) pids=([\d,]+) port=(\d+)")
+
+
+def children(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (every thread's children)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found.update(int(child) for child in (task / "children").read_text().split())
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return {child for child in found if not is_gone(child)}
+
+
+def is_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie counts: it runs no more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def started_pids(broker: BrokerProcess) -> list[int]:
+    """The worker pids, in index order, from the supervisor's started line."""
+    match = wait_for(lambda: STARTED.search(broker.log()), what="the started line")
+    return [int(pid) for pid in match.group(2).split(",")]
+
+
+def connect_many(port: int, count: int, prefix: str) -> None:
+    """``count`` MQTT connections, each CONNECTed and accepted, then closed."""
+    for number in range(count):
+        with RawClient(port) as raw:
+            assert raw.connect(f"{prefix}-{number}").reason_code == 0
+
+
+def connected_workers(log_text: str, prefix: str) -> set[str]:
+    """Indexes of the workers that logged a connect of a client named ``prefix-*``."""
+    pattern = rf"client connected client_id={prefix}-\d+ .*worker=(\d+)"
+    return set(re.findall(pattern, log_text))
+
+
+@pytest.fixture
+def two_workers(tmp_path: Path) -> Iterator[BrokerProcess]:
+    broker = start_broker(tmp_path, workers=2)
+    yield broker
+    broker.stop(signal.SIGKILL)
+
+
+def test_two_workers_share_one_port_until_sigterm(two_workers: BrokerProcess) -> None:
+    broker = two_workers
+    pids = started_pids(broker)
+    assert len(pids) == 2 and children(broker.proc.pid) == set(pids)
+    port_file = broker.log_path.parent / "port"
+    assert port_file.read_text() == f"{broker.port}\ntcp={broker.port}\n"
+    connect_many(broker.port, 40, "spread")
+    wait_for(lambda: connected_workers(broker.log(), "spread") == {"0", "1"},
+             what="connects served by both workers")
+    broker.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: set(re.findall(r"SIGHUP: reloading worker=(\d)", broker.log())) == {"0", "1"},
+             what="both workers to reload")
+    assert broker.stop(signal.SIGTERM) == 0
+    assert all(is_gone(pid) for pid in pids)
+    assert "Traceback" not in broker.log()
+
+
+def test_a_killed_worker_is_restarted(two_workers: BrokerProcess) -> None:
+    broker = two_workers
+    leader, other = started_pids(broker)
+    os.kill(leader, signal.SIGKILL)
+
+    def replaced() -> set[int]:
+        kids = children(broker.proc.pid)
+        return kids if len(kids) == 2 and leader not in kids else set()
+
+    assert other in wait_for(replaced, what="a new worker")
+    wait_for(lambda: "worker restarted index=0" in broker.log(), what="the restart line")
+    text = broker.log()
+    assert f"worker exited unexpectedly index=0 pid={leader} status=signal:SIGKILL" in text
+    connect_many(broker.port, 40, "after")
+    wait_for(lambda: "0" in connected_workers(broker.log(), "after"),
+             what="the restarted worker to serve a connect")
+    assert broker.stop(signal.SIGTERM) == 0
+
+
+def test_killing_the_supervisor_takes_the_workers_down(two_workers: BrokerProcess) -> None:
+    broker = two_workers
+    pids = started_pids(broker)
+    broker.proc.kill()
+    broker.proc.wait()
+    wait_for(lambda: all(is_gone(pid) for pid in pids), what="the workers to die")
+
+
+def serve(tmp_path: Path, config: str, *args: str) -> subprocess.CompletedProcess[str]:
+    config_file = tmp_path / "meshmq.toml"
+    config_file.write_text(config)
+    return subprocess.run(
+        [sys.executable, "-m", "meshmq", "serve", "--config", str(config_file), "--port", "0",
+         "--bind", "127.0.0.1", "--data-dir", str(tmp_path / "data"), *args],
+        capture_output=True, text=True, timeout=30,
+    )
+
+
+def test_bad_password_file_exits_2_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad-passwords"
+    path.write_text("alice:$argon2id$ok\nthis line is wrong\n")
+    result = serve(tmp_path, f'[auth]\npassword_file = "{path}"\n', "--workers", "2")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and f"{path}:2" in lines[0], result.stderr
+
+
+def damage_state_of_worker_1(data: Path) -> None:
+    (data / "state-1").mkdir(parents=True)
+    (data / "state-1" / "snapshot.json").write_text("not json")
+
+
+def log_with_other_partitions(data: Path) -> None:  # only worker 0 opens the log
+    (data / "log").mkdir(parents=True)
+    meta = {"format": "meshmq-log", "format_version": 1, "partitions": 3}
+    (data / "log" / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(("damage", "code", "expected"), [
+    (damage_state_of_worker_1, 1, "cannot read the broker state"),
+    (log_with_other_partitions, 2, "was created with 3 partitions"),
+])
+def test_a_worker_that_cannot_start_stops_the_node_with_its_status(
+    tmp_path: Path, damage, code: int, expected: str,
+) -> None:
+    damage(tmp_path / "data")
+    result = serve(tmp_path, "", "--workers", "2")
+    assert result.returncode == code
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and expected in errors[0], result.stderr
+    worker = "1" if code == 1 else "0"
+    assert errors[0].endswith(f"worker={worker}")
+
+
+def test_workers_0_means_one_per_cpu(tmp_path: Path) -> None:
+    expected = resolve_workers(0)
+    if expected == 1:
+        pytest.skip("one CPU: workers = 0 runs a single process")
+    broker = start_broker(tmp_path, "[log]\nenabled = false\n", workers=0)
+    try:
+        match = wait_for(lambda: STARTED.search(broker.log()), what="the started line")
+        assert int(match.group(1)) == expected == len(children(broker.proc.pid))
+    finally:
+        code = broker.stop(signal.SIGTERM)
+    assert code == 0
+
+
+# ---------------------------------------------------------------------- in-process parts
+
+
+def test_reserved_ports_are_concrete_and_not_listening() -> None:
+    config = load_config(None, {"server.bind": "127.0.0.1", "server.port": 0,
+                                "ws.enabled": True, "ws.port": 0})
+    worker_config, sockets = reserve_ports(config)
+    try:
+        tcp, ws = worker_config.server.port, worker_config.ws.port
+        assert tcp and ws and tcp != ws
+        assert [sock.getsockname()[1] for sock in sockets] == [tcp, ws]
+        with pytest.raises(ConnectionRefusedError):  # bound, not listening
+            socket.create_connection(("127.0.0.1", tcp), timeout=5).close()
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_reservation_handles_ipv6() -> None:
+    try:
+        probe = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    worker_config, sockets = reserve_ports(load_config(None, {"server.bind": "::1",
+                                                              "server.port": 0}))
+    try:
+        assert sockets[0].family == socket.AF_INET6 and worker_config.server.port != 0
+    finally:
+        sockets[0].close()
+
+
+def test_a_port_in_use_is_one_line_naming_the_listener() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = load_config(None, {"server.bind": "127.0.0.1", "server.port": port})
+        with pytest.raises(ReservationError) as caught:
+            reserve_ports(config)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"listener=tcp bind=127.0.0.1 port={port} error=" in message
+
+
+def test_two_listeners_on_one_address_are_refused() -> None:
+    """SO_REUSEPORT would let them share the port: the config check compares the spelling,
+    this one the address (``127.1`` is ``127.0.0.1``)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = load_config(None, {"server.bind": "127.0.0.1", "server.port": port,
+                                "ws.enabled": True, "ws.bind": "127.1", "ws.port": port})
+    with pytest.raises(ReservationError, match=r"listener=ws .* error=the port of listener tcp"):
+        reserve_ports(config)
+
+
+def test_crash_backoff_doubles_per_worker_and_the_budget_stops() -> None:
+    history = CrashHistory(window=60.0, budget=10)
+    delays = [history.record(0, float(second)) for second in range(7)]
+    assert delays == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    assert history.record(1, 7.0) == 0.2  # another worker has its own backoff
+    assert history.record(1, 8.0) == 0.4
+    assert history.record(1, 9.0) == 0.8
+    assert history.record(1, 10.0) is None  # the 11th crash within 60 s
+    assert CrashHistory().record(0, 0.0) == 0.2
+    assert history.record(0, 200.0) == 0.2  # old crashes are forgotten
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    set_worker(None)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_log_lines_name_the_worker(capsys: pytest.CaptureFixture[str]) -> None:
+    log = logging.getLogger("meshmq.server")
+    set_worker(1)
+    configure_logging("info", "text")
+    log.info("listening port=%d", 1883)
+    configure_logging("info", "json")
+    log.info("listening")
+    set_worker(None)
+    log.info("supervisor")
+    text, tagged, plain = capsys.readouterr().err.splitlines()
+    assert text.endswith(" INFO meshmq.server listening port=1883 worker=1")
+    assert json.loads(tagged)["worker"] == 1
+    assert "worker" not in json.loads(plain)
