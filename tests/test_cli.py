@@ -108,10 +108,10 @@ def test_serve_flags_map_to_config_keys() -> None:
 
     args = build_parser().parse_args([
         "serve", "--bind", "127.0.0.1", "--port", "0", "--data-dir", "d", "--log-level", "debug",
-        "--log-format", "json", "--port-file", "p"])
+        "--log-format", "json", "--port-file", "p", "--workers", "3"])
     overrides = {key: getattr(args, dest) for dest, key in SERVE_OVERRIDES.items()}
     config = load_config(overrides=overrides)
-    assert config.server == type(config.server)("127.0.0.1", 0, "d", "debug", "json", "p")
+    assert config.server == type(config.server)("127.0.0.1", 0, "d", "debug", "json", "p", 3)
 
 
 # ---------------------------------------------------------------------------- other commands

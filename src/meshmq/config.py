@@ -54,6 +54,7 @@ class MQTTConfig:
     broker_topic_aliases: int = 0
     max_topic_levels: int = 128
     connect_timeout: float = 10.0
+    sys_interval: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +250,9 @@ _KEYS: dict[str, _Key] = {
         int, (1, 65535), "most levels in a topic name or filter"),
     "mqtt.connect_timeout": _Key(
         float, (0.0, None), "seconds to wait for CONNECT after a TCP accept"),
+    "mqtt.sys_interval": _Key(
+        float, (0.0, None), "seconds between updates of the $SYS/broker/... topics (counts for"
+        " the whole node, all workers); 0 = no $SYS topics"),
     "session.max_session_expiry": _Key(
         int, (0, 4_294_967_295), "cap on a session's expiry interval, seconds"),
     "session.max_inflight_messages": _Key(

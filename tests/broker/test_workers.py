@@ -23,7 +23,7 @@ LOG_ON = '[log]\nenabled = true\nfsync = "always"\n'
 
 def worker_of(connack_props: object) -> int:
     pairs = dict(getattr(connack_props, "UserProperty", []) or [])
-    return int(pairs["meshmq-worker"])
+    return int(pairs.get("meshmq-worker", 0))  # a single-process node: always "worker 0"
 
 
 def connect_on(client_factory: Callable[..., Client], broker: BrokerProcess, worker: int,
@@ -298,3 +298,39 @@ def test_replay_on_the_worker_without_the_log(
     got = [m.payload for m in (reader.expect() for _ in range(80))]
     assert got == [str(n).encode() for n in range(80)]
     reader.expect_none(0.3)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_sys_topics_count_the_whole_node(
+        count: int, broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    broker = broker_factory(LOG_OFF + "[mqtt]\nsys_interval = 0.2\n", workers=count)
+    latest: dict[str, str] = {}
+    watcher = client_factory()
+    watcher.connect(broker.port)
+    watcher.subscribe("$SYS/#", qos=0)
+    clients = [connect_on(client_factory, broker, w % count) for w in range(4)]
+    for index, client in enumerate(clients):
+        client.subscribe(f"sys-test/{index}", qos=1)
+    for index, client in enumerate(clients):
+        for n in range(5):
+            client.publish(f"sys-test/{(index + 1) % 4}", str(n), qos=1)
+
+    def settled() -> bool:
+        while not watcher.messages.empty():
+            message = watcher.messages.get()
+            latest[message.topic.removeprefix("$SYS/broker/")] = message.payload.decode()
+        return (latest.get("clients/connected") == "5"
+                and latest.get("messages/received") == "20"
+                and latest.get("messages/sent") == "20"
+                and latest.get("subscriptions/count") == "5")
+
+    try:
+        wait_for(settled, what="$SYS totals")
+    finally:
+        print("last $SYS values:", latest)
+    assert latest["workers"] == str(count)
+    assert latest["version"].startswith("meshmq ")
+    clients[0].disconnect()
+    wait_for(lambda: settled() or latest.get("clients/connected") == "4",
+             what="$SYS clients/connected to drop")

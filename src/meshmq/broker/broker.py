@@ -47,6 +47,7 @@ from meshmq.broker.replay import (
 )
 from meshmq.broker.router import Router
 from meshmq.broker.session import Session, Subscription
+from meshmq.broker.systopics import SysTopics
 from meshmq.cluster.remotelog import Appended
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.packets import (
@@ -105,6 +106,7 @@ class Broker:
         )
         self.clients: set[ClientProtocol] = set()
         self.keeper = StateKeeper(self)
+        self.sys_topics = SysTopics(self, config.mqtt.sys_interval)
         self.connect_limiter = ConnectRateLimiter.from_config(config.limits, loop.time())
         self.shutting_down = False
         self.counters = {
@@ -143,6 +145,7 @@ class Broker:
     def start(self) -> None:
         """Restore the stored sessions and retained messages; then tune the GC."""
         self.keeper.restore()
+        self.sys_topics.start()
         tune_gc()
 
     def now(self) -> float:
@@ -898,6 +901,7 @@ class Broker:
     def shutdown(self) -> None:
         """Close every connection for a clean stop: DISCONNECT 0x8B, no wills."""
         self.shutting_down = True
+        self.sys_topics.stop()
         if self.mesh is not None:
             self.mesh.close()
         self.authenticator.close()

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from meshmq.cluster.mesh import Mesh
 
 SharedKey = tuple[str, str]  # (group name, filter)
+SYS_PREFIX = "$SYS/"
 RouteListener = Callable[[bool, str, str], None]  # (added, group or "", plain filter)
 
 
@@ -151,9 +152,9 @@ class Router:
         self.routed += 1
         count = self._deliver_plain(message, now)
         if self.mesh is not None:  # shared groups (local or remote members) and peers
-            count += self.mesh.route(message, now)
-            self.delivered += count
-            return count
+            here, peers = self.mesh.route(message, now)
+            self.delivered += count + here
+            return count + here + peers
         shared = self.shared  # entry_count: no __len__ call per publish
         shared_matches = shared.match(message.topic) if shared.entry_count else ()
         for topic_filter, groups in shared_matches:
@@ -162,6 +163,13 @@ class Router:
                     (group_name, topic_filter), group, message, message.qos, now, None
                 )
         self.delivered += count
+        return count
+
+    def publish_internal(self, message: Message, now: float) -> int:
+        """Route a message the broker itself publishes ($SYS): not counted as received."""
+        routed, delivered = self.routed, self.delivered
+        count = self.publish(message, now)
+        self.routed, self.delivered = routed, delivered
         return count
 
     def deliver_forwarded(
@@ -174,7 +182,8 @@ class Router:
             group = self.shared.get(key[1], key[0])
             if group is not None:
                 count += self._deliver_to_group(key, group, message, message.qos, now, None)
-        self.delivered += count
+        if not message.topic.startswith(SYS_PREFIX):  # $SYS counts only client traffic
+            self.delivered += count
         return count
 
     def _deliver_plain(self, message: Message, now: float) -> int:

@@ -304,9 +304,9 @@ class Mesh:
 
     # ------------------------------------------------------------------ routing
 
-    def route(self, message: Message, now: float) -> int:
+    def route(self, message: Message, now: float) -> tuple[int, int]:
         """After the local plain deliveries: shared groups anywhere, and one FORWARD per peer
-        with a match. Returns the deliveries made here plus the peers forwarded to."""
+        with a match. Returns (shared deliveries made here, peers forwarded to)."""
         topic = message.topic
         targets: dict[int, list[RouteKey]] = {}
         if self.remote.entry_count:
@@ -335,6 +335,7 @@ class Mesh:
                         key, local_groups[key], message, message.qos, now, None)
                 else:
                     targets.setdefault(chosen, []).append(key)
+        forwarded = 0
         if targets:
             body = encode_message(to_wire(message, now))
             links = self.links
@@ -342,9 +343,9 @@ class Mesh:
                 link = links.get(peer)
                 if link is not None:
                     link.send(forward_frame(groups, body))
-                    count += 1
-            self.counters["forwarded"] += len(targets)
-        return count
+                    forwarded += 1
+            self.counters["forwarded"] += forwarded
+        return count, forwarded
 
     def forward_to_group(self, key: RouteKey, message: Message, now: float) -> int:
         """A shared message with no member left here (its session ended): one elsewhere."""

@@ -1,0 +1,98 @@
+"""``$SYS`` topics: the node's counters, published as retained messages every interval.
+
+Theory of operation
+-------------------
+Every ``mqtt.sys_interval`` seconds each worker takes its local counters (``local_counts``).
+A single-process node publishes them at once. With workers, every worker but the leader sends
+them to the leader (a ``STATS`` frame); the leader adds the latest figures of each linked peer
+to its own and publishes the totals, so ``$SYS`` describes the whole node whichever worker a
+subscriber is on (the topics are routed like any publish). A peer's figures are at most one
+interval old. The messages are retained (a new subscriber gets the current values at once),
+QoS 0, and not journaled: they are rebuilt within one interval after a restart.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from meshmq import __version__
+from meshmq.broker.message import Message
+
+if TYPE_CHECKING:
+    from meshmq.broker.broker import Broker
+
+PREFIX = "$SYS/broker/"
+
+# counter name -> topic under $SYS/broker/ (Mosquitto's names where it has one)
+TOPICS = {
+    "clients_connected": "clients/connected",
+    "clients_disconnected": "clients/disconnected",
+    "clients_total": "clients/total",
+    "messages_received": "messages/received",
+    "messages_sent": "messages/sent",
+    "messages_dropped": "messages/dropped",
+    "subscriptions": "subscriptions/count",
+    "retained": "retained messages/count",
+    "forwarded": "mesh/forwarded",
+}
+
+
+def local_counts(broker: Broker) -> dict[str, int]:
+    """This process's share of the node's counters."""
+    connected = sum(1 for s in broker.sessions.values() if s.client is not None)
+    mesh = broker.mesh
+    return {
+        "clients_connected": connected,
+        "clients_disconnected": len(broker.sessions) - connected,
+        "clients_total": len(broker.sessions),
+        "messages_received": broker.router.routed,
+        "messages_sent": broker.router.delivered,
+        "messages_dropped": sum(s.dropped for s in broker.sessions.values()),
+        "subscriptions": sum(len(s.subscriptions) for s in broker.sessions.values()),
+        "retained": len(broker.router.retained) if broker.router.keeps_retained else 0,
+        "forwarded": mesh.counters["forwarded"] if mesh is not None else 0,
+    }
+
+
+class SysTopics:
+    def __init__(self, broker: Broker, interval: float) -> None:
+        self.broker = broker
+        self.interval = interval
+        self.started = time.monotonic()
+        self._handle: object | None = None
+
+    def start(self) -> None:
+        if self.interval > 0:
+            self._handle = self.broker.loop.call_later(self.interval, self.tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()  # type: ignore[attr-defined]
+            self._handle = None
+
+    def tick(self) -> None:
+        broker = self.broker
+        counts = local_counts(broker)
+        mesh = broker.mesh
+        if mesh is not None and not mesh.worker.is_leader:
+            mesh.send_statistics(counts)
+        else:
+            if mesh is not None:
+                for peer_counts in mesh.peer_statistics.values():
+                    for name, value in peer_counts.items():
+                        if name in counts:
+                            counts[name] += value
+            self.publish(counts)
+        self._handle = broker.loop.call_later(self.interval, self.tick)
+
+    def publish(self, counts: dict[str, int]) -> None:
+        values = {TOPICS[name]: str(value) for name, value in counts.items()}
+        values["uptime"] = f"{int(time.monotonic() - self.started)} seconds"
+        values["version"] = f"meshmq {__version__}"
+        mesh = self.broker.mesh
+        values["workers"] = str(1 if mesh is None else mesh.worker.count)
+        router = self.broker.router
+        now = self.broker.loop.time()
+        for topic, text in values.items():
+            router.publish_internal(Message(PREFIX + topic, text.encode(), 0, True, None, None, now), now)
