@@ -334,3 +334,29 @@ def test_sys_topics_count_the_whole_node(
     clients[0].disconnect()
     wait_for(lambda: settled() or latest.get("clients/connected") == "4",
              what="$SYS clients/connected to drop")
+
+
+def test_sessions_survive_a_change_of_worker_count(
+        broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    broker = broker_factory(LOG_OFF, workers=2)
+    for worker in (0, 1):
+        client = connect_on(client_factory, broker, worker, f"keeper-{worker}", expiry=600)
+        client.subscribe(f"keep/{worker}", qos=1)
+        client.disconnect()
+    broker.stop()
+    assert (broker.data_dir / "state-1").is_dir()
+    single = broker_factory(LOG_OFF, name="broker", workers=1)
+    publisher = client_factory()
+    publisher.connect(single.port)
+    for worker in (0, 1):
+        publisher.publish(f"keep/{worker}", f"for {worker}", qos=1)
+    for worker in (0, 1):
+        client = client_factory(f"keeper-{worker}")
+        flags, _, _ = client.connect(single.port, clean_start=False, properties=props(
+            PacketTypes.CONNECT, SessionExpiryInterval=600))
+        assert flags.session_present
+        assert client.expect().payload == f"for {worker}".encode()
+        client.disconnect()
+    single.stop()
+    assert not (single.data_dir / "state-1").exists()  # merged into state/

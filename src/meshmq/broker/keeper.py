@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import base64
 import logging
+import shutil
 import time
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.message import Message
@@ -28,6 +31,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshmq.state")
 
 CHECKPOINT_SECONDS = 1.0
+
+
+def _remove_directories(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def wall_ms() -> int:
@@ -107,8 +115,14 @@ class StateKeeper:
     # ------------------------------------------------------------------ start and stop
 
     def restore(self) -> None:
-        """Load the state, rebuild sessions and retained messages, compact the files."""
+        """Load the state, rebuild sessions and retained messages, compact the files.
+
+        State left by workers that no longer exist (``server.workers`` was lowered) is merged
+        in by the worker whose index they fold onto; their directories are removed once the
+        merged snapshot is on disk.
+        """
         state = self.store.load()
+        orphans = self._merge_orphans(state)
         broker = self.broker
         now = broker.loop.time()
         for topic, data in state["retained"].items():
@@ -126,8 +140,34 @@ class StateKeeper:
         if state["sessions"] or state["retained"]:
             log.info("state restored sessions=%d retained=%d", len(state["sessions"]),
                      len(state["retained"]))
-        self.store.compact(self.snapshot())
+        self.store.compact(self.snapshot(), partial(_remove_directories, orphans))
         self._timer = broker.loop.call_later(CHECKPOINT_SECONDS, self._checkpoint)
+
+    def _merge_orphans(self, state: State) -> list[Path]:
+        data_dir = Path(self.broker.config.server.data_dir)
+        worker = self.broker.worker
+        orphans = []
+        for path in sorted(data_dir.glob("state-*")):
+            index = path.name.removeprefix("state-")
+            if not index.isdigit() or not path.is_dir():
+                continue
+            if worker is not None and (int(index) < worker.count
+                                       or int(index) % worker.count != worker.index):
+                continue
+            store = StateStore(data_dir, self.broker.loop, path.name)
+            found = store.load()
+            store.close()
+            for client_id, record in found["sessions"].items():
+                mine = state["sessions"].get(client_id)
+                if mine is None or (record.get("detached_at") or 0) > (
+                        mine.get("detached_at") or 0):
+                    state["sessions"][client_id] = record
+            if worker is None or worker.is_leader:
+                for topic, data in found["retained"].items():
+                    state["retained"].setdefault(topic, data)
+            log.info("state merged from %s sessions=%d", path.name, len(found["sessions"]))
+            orphans.append(path)
+        return orphans
 
     def close(self) -> None:
         """A clean stop: one last snapshot of everything, then close the files."""
@@ -204,3 +244,29 @@ class StateKeeper:
         if self.store.journal_bytes > COMPACT_BYTES:
             self.store.compact(self.snapshot())
         self._timer = broker.loop.call_later(CHECKPOINT_SECONDS, self._checkpoint)
+
+    def _merge_orphans(self, state: State) -> list[Path]:
+        data_dir = Path(self.broker.config.server.data_dir)
+        worker = self.broker.worker
+        orphans = []
+        for path in sorted(data_dir.glob("state-*")):
+            index = path.name.removeprefix("state-")
+            if not index.isdigit() or not path.is_dir():
+                continue
+            if worker is not None and (int(index) < worker.count
+                                       or int(index) % worker.count != worker.index):
+                continue
+            store = StateStore(data_dir, self.broker.loop, path.name)
+            found = store.load()
+            store.close()
+            for client_id, record in found["sessions"].items():
+                mine = state["sessions"].get(client_id)
+                if mine is None or (record.get("detached_at") or 0) > (
+                        mine.get("detached_at") or 0):
+                    state["sessions"][client_id] = record
+            if worker is None or worker.is_leader:
+                for topic, data in found["retained"].items():
+                    state["retained"].setdefault(topic, data)
+            log.info("state merged from %s sessions=%d", path.name, len(found["sessions"]))
+            orphans.append(path)
+        return orphans
