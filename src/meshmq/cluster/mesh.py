@@ -36,7 +36,6 @@ is told to retry (so one connection wins and the other is taken over, as on one 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
 from collections.abc import Callable
@@ -57,7 +56,13 @@ from meshmq.cluster.codec import (
 from meshmq.cluster.link import Link
 from meshmq.cluster.remotelog import Appended, LeaderUnavailable, RemoteLog
 from meshmq.cluster.spec import LEADER, WorkerSpec
-from meshmq.cluster.transfer import export_session, from_wire, import_session, to_wire
+from meshmq.cluster.transfer import (
+    export_session,
+    from_wire,
+    install_session,
+    read_session,
+    to_wire,
+)
 from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -542,7 +547,7 @@ class Mesh:
                  for message in self.broker.retained_matching(topic_filter)]
         writer.u32(len(found))
         for index, message in found:
-            writer.u16(index).blob(encode_message(to_wire(message, now, positioned=False)))
+            writer.u16(index).blob(encode_message(to_wire(message, now)))
         link.send(writer.frame(FrameType.RETAINED))
 
     def _on_sync(self, link: Link, body: bytes) -> None:
@@ -571,12 +576,17 @@ class Mesh:
         of a handover there may be two: the most recently detached one wins)."""
         now = self.loop.time()
         adopted: dict[str, Session] = {}
-        for blob in sorted(blobs, key=_detached_at):
-            existing = self.broker.sessions.get(_client_id(blob))
+        documents = []
+        for blob in blobs:
+            try:
+                documents.append(read_session(blob, now))
+            except LinkError as error:
+                log.error("session handed over is unreadable, dropped: %s", error)
+        for document in sorted(documents, key=lambda d: d.detached_at or 0):
+            existing = self.broker.sessions.get(document.client_id)
             if existing is not None:
                 self.broker.discard_session(existing)
-            session = import_session(self.broker, blob, now)
-            adopted[session.client_id] = session
+            adopted[document.client_id] = install_session(self.broker, document)
         return list(adopted.values())
 
     def _on_stats(self, link: Link, body: bytes) -> None:
@@ -615,18 +625,3 @@ def partial_reply(mesh: Mesh, link: Link, request_id: int) -> Callable[..., None
     def reply(status: int, partition: int = 0, offset: int = 0, receivers: int = 0) -> None:
         mesh._reply(link, request_id, status, partition, offset, receivers)
     return reply
-
-
-def _session_head(blob: bytes) -> dict[str, Any]:
-    reader = Reader(blob)
-    for _ in range(reader.u32()):
-        reader.blob()
-    return json.loads(reader.blob())
-
-
-def _client_id(blob: bytes) -> str:
-    return str(_session_head(blob)["client_id"])
-
-
-def _detached_at(blob: bytes) -> int:
-    return int(_session_head(blob).get("detached_at") or 0)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.catchup import CatchUp
 from meshmq.broker.keeper import options_from_json, options_to_json
 from meshmq.broker.message import Message
-from meshmq.broker.session import Outbound, Session
+from meshmq.broker.session import Outbound, QueueEntry, Session, Subscription
 from meshmq.cluster.codec import (
     LinkError,
     Reader,
@@ -62,7 +63,7 @@ def from_wire(wire: WireMessage, now: float) -> Message:
 
 
 def export_session(session: Session, now: float) -> bytes:
-    """``session`` as bytes for ``import_session`` on another worker."""
+    """``session`` as bytes for ``read_session`` + ``install_session`` on another worker."""
     messages: list[bytes] = []
 
     def ref(message: Message) -> int:
@@ -98,34 +99,72 @@ def export_session(session: Session, now: float) -> bytes:
     return b"".join(messages_blob(messages).blob(head).parts)
 
 
-def import_session(broker: Broker, data: bytes, now: float) -> Session:
-    """Rebuild an exported session here (detached: the caller attaches it)."""
+@dataclass(slots=True)
+class SessionDocument:
+    """A handed-over session, read and checked in full before anything is installed."""
+
+    client_id: str
+    expiry: int
+    username: str | None
+    subscriptions: dict[str, Subscription]
+    qos2_in: set[int]
+    next_packet_id: int
+    dropped: int
+    detached_at: int | None
+    inflight: list[tuple[int, Outbound]]
+    queue: list[QueueEntry]
+    catchup: dict[str, Any] | None
+
+
+def read_session(data: bytes, now: float) -> SessionDocument:
+    """Parse ``export_session``'s bytes; anything malformed is a ``LinkError``."""
     reader = Reader(data)
     messages = [from_wire(decode_message(reader.blob()), now) for _ in range(reader.u32())]
     try:
         document = json.loads(reader.blob())
-    except ValueError:
-        raise LinkError("bad session document") from None
-    reader.end()
-    session = broker._new_session(document["client_id"])
-    session.expiry_interval = document["expiry"]
-    session.username = document["username"]
-    session.qos2_in = set(document["qos2_in"])
-    session._next_packet_id = document["next_packet_id"]
-    session.dropped = document["dropped"]
-    session.detached_at = document["detached_at"]
-    for topic_filter, options in document["subs"].items():
-        broker.router.subscribe(session, topic_filter, options_from_json(options))
-    for packet_id, index, qos, retain, ids, group, released in document["inflight"]:
-        outbound = Outbound(messages[index], qos, retain, ids, _key(group))
-        outbound.released = released
-        session.inflight[packet_id] = outbound
-    session.queue = deque(
-        (messages[index], qos, retain, ids, _key(group), dup)
-        for index, qos, retain, ids, group, dup in document["queue"]
-    )
+        reader.end()
+        inflight = []
+        for packet_id, index, qos, retain, ids, group, released in document["inflight"]:
+            outbound = Outbound(messages[index], int(qos), bool(retain), _ids(ids), _key(group))
+            outbound.released = bool(released)
+            inflight.append((int(packet_id), outbound))
+        queue: list[QueueEntry] = [
+            (messages[index], int(qos), bool(retain), _ids(ids), _key(group), bool(dup))
+            for index, qos, retain, ids, group, dup in document["queue"]
+        ]
+        catchup = document["catchup"]
+        if catchup is not None:
+            for topic_filter, start in catchup["filters"]:
+                if not isinstance(topic_filter, str) or not all(
+                        isinstance(o, int) for o in start):
+                    raise ValueError("bad catch-up filter")
+        username = document["username"]
+        return SessionDocument(
+            str(document["client_id"]), int(document["expiry"]),
+            None if username is None else str(username),
+            {str(f): options_from_json(o) for f, o in document["subs"].items()},
+            {int(i) for i in document["qos2_in"]}, int(document["next_packet_id"]),
+            int(document["dropped"]), document["detached_at"], inflight, queue, catchup,
+        )
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
+        raise LinkError(f"bad session document: {error!r}") from None
+
+
+def install_session(broker: Broker, document: SessionDocument) -> Session:
+    """Rebuild a handed-over session here (detached: the caller attaches it)."""
+    session = broker._new_session(document.client_id)
+    session.expiry_interval = document.expiry
+    session.username = document.username
+    session.qos2_in = document.qos2_in
+    session._next_packet_id = document.next_packet_id
+    session.dropped = document.dropped
+    session.detached_at = document.detached_at
+    for topic_filter, subscription in document.subscriptions.items():
+        broker.router.subscribe(session, topic_filter, subscription)
+    session.inflight = dict(document.inflight)
+    session.queue = deque(document.queue)
     session.queued_bytes = sum(entry[0].size for entry in session.queue)
-    catchup = document["catchup"]
+    catchup = document.catchup
     if catchup is not None and session.persistence is not None:
         session.catchup = CatchUp(session.persistence)
         for topic_filter, start in catchup["filters"]:
@@ -133,6 +172,10 @@ def import_session(broker: Broker, data: bytes, now: float) -> Session:
         session.catchup.dup_below = catchup["dup_below"]
         session.catchup.lost = catchup["lost"]
     return session
+
+
+def _ids(ids: list[int] | None) -> list[int] | None:
+    return None if ids is None else [int(i) for i in ids]
 
 
 def _key(group: list[str] | None) -> tuple[str, str] | None:
