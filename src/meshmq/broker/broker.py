@@ -204,7 +204,8 @@ class Broker:
         if code:
             self._reject(client, code, "authentication")
             client.close()
-        elif self.mesh is not None and self.mesh.links and packet.client_id:
+        elif (self.mesh is not None and self.mesh.links and packet.client_id
+              and self._connect_refusal(packet, client.conn.version == MQTT_5) is None):
             # Another worker may hold this client's session: take it over first.
             if client.held is None:
                 client.hold()
@@ -235,16 +236,13 @@ class Broker:
         v5 = conn.version == MQTT_5
         client_id = packet.client_id
         assigned = None
+        refusal = self._connect_refusal(packet, v5)
+        if refusal is not None:
+            return self._reject(client, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, refusal)
         if not client_id:
-            if not v5 and not packet.clean_start:
-                return self._reject(client, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "empty id")
             client_id = assigned = f"auto-{uuid.uuid4().hex}"  # MQTT-3.1.3-6
         keep_alive = packet.keep_alive
         if keep_alive > cfg.max_keepalive or (keep_alive == 0 and cfg.max_keepalive < 65535):
-            if not v5:  # 3.1.1 cannot be told a smaller value: refuse, as Mosquitto does
-                return self._reject(
-                    client, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "keep alive above maximum"
-                )
             keep_alive = cfg.max_keepalive  # returned as Server Keep Alive (MQTT-3.2.2-21)
         expiry = self._session_expiry(packet, v5)
         now = self.now()
@@ -274,6 +272,17 @@ class Broker:
                   client_id, conn.version, session_present, packet.clean_start)
         self.keeper.connected(session)
         session.attach(client, now)
+
+    def _connect_refusal(self, packet: Connect, v5: bool) -> str | None:
+        """Why a CONNECT that passed authentication is refused (0x85 / 3.1.1 code 2)."""
+        if v5:
+            return None
+        if not packet.client_id and not packet.clean_start:
+            return "empty id"
+        max_keepalive = self.config.mqtt.max_keepalive
+        if packet.keep_alive > max_keepalive or (packet.keep_alive == 0 and max_keepalive < 65535):
+            return "keep alive above maximum"  # 3.1.1 cannot be told less: refuse, as Mosquitto
+        return None
 
     def _session_expiry(self, packet: Connect, v5: bool) -> int:
         if v5:
