@@ -8,6 +8,8 @@ needs.
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 from collections import Counter
 from collections.abc import Callable
@@ -371,3 +373,62 @@ def test_sessions_survive_a_change_of_worker_count(
         client.disconnect()
     single.stop()
     assert not (single.data_dir / "state-1").exists()  # merged into state/
+
+
+def worker_pids(broker: BrokerProcess) -> list[int]:
+    match = wait_for(lambda: re.search(r"workers started count=\d+ pids=([\d,]+)", broker.log()),
+                     what="the started line")
+    return [int(pid) for pid in match.group(1).split(",")]
+
+
+@pytest.mark.parametrize("victim", [0, 1], ids=["leader", "other"])
+def test_a_worker_killed_mid_stream_loses_no_acknowledged_publish(
+        victim: int, broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    broker = broker_factory(LOG_ON, workers=2)
+    pids = worker_pids(broker)
+    publishers = [connect_on(client_factory, broker, w) for w in (0, 1)]
+    sent: list[dict[int, str]] = [{}, {}]
+    acknowledged: set[str] = set()
+    answers = [0, 0]
+
+    def collect(worker: int) -> None:
+        while not publishers[worker].acked.empty():
+            mid, code = publishers[worker].acked.get()
+            answers[worker] += 1
+            if not code.is_failure:
+                acknowledged.add(sent[worker][mid])
+
+    def publish(worker: int, n: int) -> None:
+        info = publishers[worker].publish("ledger/x", f"{worker}:{n}", qos=1, wait=False)
+        sent[worker][info.mid] = f"{worker}:{n}"
+
+    for n in range(300):
+        for worker in (0, 1):
+            publish(worker, n)
+
+    def half_answered() -> bool:
+        collect(0)
+        collect(1)
+        return min(answers) >= 150
+
+    wait_for(half_answered, what="acknowledgements before the kill")
+    os.kill(pids[victim], signal.SIGKILL)  # with publishes still in flight on both workers
+    survivor = 1 - victim
+    for n in range(300, 600):
+        publish(survivor, n)
+    wait_for(lambda: f"worker restarted index={victim}" in broker.log(), what="the restart")
+
+    def survivor_answered() -> bool:  # every publish gets PUBACK, success or refusal
+        collect(survivor)
+        return answers[survivor] == len(sent[survivor])
+
+    wait_for(survivor_answered, what="an answer to every publish on the surviving worker")
+    collect(victim)  # what the victim acknowledged before it died
+    assert answers[victim] >= 150
+    reader = connect_on(client_factory, broker, 1 - victim)
+    reader.subscribe("ledger/#", qos=1, properties=props(
+        PacketTypes.SUBSCRIBE, UserProperty=[("meshmq-replay", "earliest")]))
+    stored: set[str] = set()
+    while not acknowledged <= stored:
+        stored.add(reader.expect().payload.decode())

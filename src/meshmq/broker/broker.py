@@ -112,7 +112,7 @@ class Broker:
         self.counters = {
             "connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0, "acl_denied": 0,
             "refused_publishes": 0, "throttled": 0, "rate_disconnects": 0,
-            "subscription_quota": 0,
+            "subscription_quota": 0, "log_failures": 0,
         }
         self._dirty: list[ClientProtocol] = []
         self._handlers: dict[int, Callable[[ClientProtocol, Any], None]] = {
@@ -486,7 +486,10 @@ class Broker:
     def _persist_failed(
         self, client: ClientProtocol, packet: Publish, error: BaseException
     ) -> None:
-        log.error("commit log append failed topic=%r error=%r", packet.topic, str(error))
+        failures = self.counters["log_failures"] = self.counters["log_failures"] + 1
+        if failures == 1 or failures % 1000 == 0:  # one line per outage, not one per publish
+            log.error("commit log append failed topic=%r error=%r failures=%d", packet.topic,
+                      str(error), failures)
         client.session.qos2_in.discard(packet.packet_id)
         if not client.gone:
             code = getattr(error, "reason_code", ReasonCode.UNSPECIFIED_ERROR)

@@ -21,6 +21,7 @@ from meshmq.broker.broker import Broker
 from meshmq.broker.listeners import ListenerError, Listeners
 from meshmq.broker.statestore import StateError
 from meshmq.broker.tls import TLSConfigError
+from meshmq.cluster.mesh import MeshError
 from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.config import BrokerConfig
 from meshmq.log.errors import LogConfigError, LogError
@@ -114,6 +115,9 @@ async def serve(
         return 1
     except StateError as exc:
         log.error("cannot read the broker state: %s", exc)
+        return 1
+    except MeshError as exc:
+        log.error("%s", exc)
         return 1
     except OSError as exc:
         log.error("cannot listen bind=%s port=%d error=%r", config.server.bind,

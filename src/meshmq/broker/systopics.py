@@ -95,4 +95,5 @@ class SysTopics:
         router = self.broker.router
         now = self.broker.loop.time()
         for topic, text in values.items():
-            router.publish_internal(Message(PREFIX + topic, text.encode(), 0, True, None, None, now), now)
+            message = Message(PREFIX + topic, text.encode(), 0, True, None, None, now)
+            router.publish_internal(message, now)

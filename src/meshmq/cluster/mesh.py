@@ -166,7 +166,8 @@ class Mesh:
         try:
             await self.loop.sock_connect(sock, self.worker.link_address(peer))
             await self.loop.create_unix_connection(lambda: Link(self, peer), sock=sock)
-        except OSError:
+        except OSError as error:
+            log.debug("dial failed peer=%d error=%r", peer, str(error))
             sock.close()
             delay = min(REDIAL_MAX_SECONDS, self._redial.get(peer, 0.01) * 2)
             self._redial[peer] = delay
@@ -218,14 +219,19 @@ class Mesh:
 
     def link_lost(self, link: Link) -> None:
         peer = link.peer
-        if peer is None or self.links.get(peer) is not link:
-            return
-        del self.links[peer]
-        self._forget_peer(peer)
-        if not self.closing:
-            log.warning("link lost peer=%d", peer)
-            if peer > self.worker.index:
-                self._dial(peer)
+        if peer is None:
+            return  # an accepted link that never said HELLO
+        if self.links.get(peer) is link:
+            del self.links[peer]
+            self._forget_peer(peer)
+            if not self.closing:
+                log.warning("link lost peer=%d", peer)
+        elif peer in self.links:
+            return  # a stale link: a newer one is up
+        # Ours to dial again, also when a dial reached a dying peer and was dropped before
+        # HELLO (the peer's old listening socket can still accept while it exits).
+        if not self.closing and peer > self.worker.index:
+            self._dial(peer)
 
     def _forget_peer(self, peer: int) -> None:
         """The peer's routes go; its pending requests fail."""
