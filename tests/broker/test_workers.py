@@ -13,6 +13,7 @@ import re
 import signal
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
@@ -432,3 +433,35 @@ def test_a_worker_killed_mid_stream_loses_no_acknowledged_publish(
     stored: set[str] = set()
     while not acknowledged <= stored:
         stored.add(reader.expect().payload.decode())
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_a_stopped_worker_holds_back_its_peer_without_loss_or_unbounded_memory(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    pids = worker_pids(workers)
+    subscriber = connect_on(client_factory, workers, 1)
+    subscriber.subscribe("bulk/#", qos=0)
+    publisher = connect_on(client_factory, workers, 0)
+    publisher.publish("bulk/x", "warm-up", qos=1)
+    assert subscriber.expect().payload == b"warm-up"
+    before = rss_kib(pids[0])
+    os.kill(pids[1], signal.SIGSTOP)  # worker 1 reads nothing: its link backs up
+    try:
+        payload = b"x" * 65536
+        for n in range(1000):  # 64 MB, four times the link's high water mark
+            publisher.publish("bulk/x", n.to_bytes(4, "big") + payload, qos=0)
+        wait_for(lambda: "client input paused" in workers.log(), what="input paused")
+        grown = rss_kib(pids[0]) - before
+        assert grown < 48 * 1024, f"worker 0 grew {grown} KiB while its peer was stopped"
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+    got = [int.from_bytes(subscriber.expect().payload[:4], "big") for _ in range(1000)]
+    assert got == list(range(1000))  # all of them, in order
+    publisher.publish("bulk/x", "after", qos=1)  # input was resumed
+    assert subscriber.expect().payload == b"after"

@@ -109,6 +109,7 @@ class Broker:
         self.sys_topics = SysTopics(self, config.mqtt.sys_interval)
         self.connect_limiter = ConnectRateLimiter.from_config(config.limits, loop.time())
         self.shutting_down = False
+        self.input_pauses: set[str] = set()  # node-wide reasons to read no client (pause_input)
         self.counters = {
             "connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0, "acl_denied": 0,
             "refused_publishes": 0, "throttled": 0, "rate_disconnects": 0,
@@ -147,6 +148,15 @@ class Broker:
         self.keeper.restore()
         self.sys_topics.start()
         tune_gc()
+
+    def pause_input(self, reason: str, paused: bool) -> None:
+        """Stop (or resume) reading every client connection, new ones included."""
+        if paused:
+            self.input_pauses.add(reason)
+        else:
+            self.input_pauses.discard(reason)
+        for client in self.clients:
+            client.pause_input(reason, paused)
 
     def now(self) -> float:
         return self.loop.time()

@@ -85,6 +85,8 @@ class ClientProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.broker.clients.add(self)
+        for reason in self.broker.input_pauses:
+            self._pause_reading(reason)
         loop = self.broker.loop
         deadline = self.broker.config.mqtt.connect_timeout
         self._timer = loop.call_later(deadline, self._connect_timeout)
@@ -221,6 +223,8 @@ class ClientProtocol(asyncio.Protocol):
 
     def _check_keep_alive(self) -> None:
         loop = self.broker.loop
+        if self.broker.input_pauses:  # we stopped reading every client: silence is ours
+            self._last_read = loop.time()
         idle = loop.time() - self._last_read
         if idle >= self._keep_alive:
             self._timer = None
@@ -334,6 +338,13 @@ class ClientProtocol(asyncio.Protocol):
         self.rejected = True
         self.conn.send_disconnect(ReasonCode.MESSAGE_RATE_TOO_HIGH)
         self.close()
+
+    def pause_input(self, reason: str, paused: bool) -> None:
+        """Node-wide flow control (``Broker.pause_input``)."""
+        if paused:
+            self._pause_reading(reason)
+        else:
+            self._resume_reading(reason)
 
     def _pause_reading(self, reason: str) -> None:
         transport = self.transport

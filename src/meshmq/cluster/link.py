@@ -1,7 +1,10 @@
 """One link to a peer router: an asyncio protocol that frames bytes for the mesh.
 
 Outgoing frames are queued and written once per loop turn (one ``write`` for every FORWARD of
-a burst); incoming bytes go through ``FrameReader`` and each frame to ``Mesh.on_frame``. A
+a burst); incoming bytes go through ``FrameReader`` and each frame to ``Mesh.on_frame``. When
+more than ``WRITE_HIGH_WATER`` bytes wait for a peer (it is stopped, or slower than this
+worker's clients), the worker stops reading its clients until the backlog drains below
+``WRITE_LOW_WATER``: nothing is dropped and memory stays bounded. A
 ``LinkError`` (bytes that are not the link protocol) closes the link; the mesh then treats the
 peer as gone until it links again.
 """
@@ -19,7 +22,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshmq.link")
 
-WRITE_HIGH_WATER = 64 * 1024 * 1024  # bytes queued to a peer before its link counts as slow
+WRITE_HIGH_WATER = 16 * 1024 * 1024  # bytes queued to a peer before its link counts as slow
+WRITE_LOW_WATER = 4 * 1024 * 1024  # ... and after which it no longer does
 
 
 class Link(asyncio.Protocol):
@@ -36,7 +40,8 @@ class Link(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[union-attr]
+        self.transport.set_write_buffer_limits(  # type: ignore[union-attr]
+            high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.mesh.link_made(self)
 
     def data_received(self, data: bytes) -> None:
@@ -66,6 +71,14 @@ class Link(asyncio.Protocol):
         self._out = []
         self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
+    def pause_writing(self) -> None:
+        """The peer is not reading fast enough: stop taking client input until it catches up
+        (lossless backpressure, as for one slow connection)."""
+        self.mesh.link_congested(self, True)
+
+    def resume_writing(self) -> None:
+        self.mesh.link_congested(self, False)
+
     def close(self) -> None:
         if self.transport is not None and not self.closed:
             self.flush()
@@ -73,4 +86,5 @@ class Link(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.mesh.link_congested(self, False)
         self.mesh.link_lost(self)

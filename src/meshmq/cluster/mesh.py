@@ -105,10 +105,12 @@ class Mesh:
         self._linked = asyncio.Event()
         self._server: Any = None
         self._redial: dict[int, float] = {}
+        self._congested: set[int] = set()  # id() of links over their write high water
         self.closing = False
         self.leader_high: list[int] = []  # the leader's high watermark in its HELLO
         self.peer_statistics: dict[int, dict[str, int]] = {}
-        self.counters = {"forwarded": 0, "received": 0}
+        self.counters = {"forwarded": 0, "received": 0, "backpressure": 0}
+        self._backpressure_logged = -1e9
         self._handlers: dict[int, Callable[[Link, bytes], None]] = {
             FrameType.ROUTES: self._on_routes,
             FrameType.FORWARD: self._on_forward,
@@ -216,6 +218,25 @@ class Mesh:
         log.info("linked peer=%d", index)
         if len(self.links) == self.peers:
             self._linked.set()
+
+    def link_congested(self, link: Link, congested: bool) -> None:
+        """Backpressure from a slow peer: every client of this worker pauses reading while
+        any link has too much queued (link.py)."""
+        was = bool(self._congested)
+        if congested:
+            self._congested.add(id(link))
+        else:
+            self._congested.discard(id(link))
+        if bool(self._congested) == was:
+            return
+        self.broker.pause_input("mesh", bool(self._congested))
+        if congested:
+            self.counters["backpressure"] += 1
+            now = self.loop.time()
+            if now - self._backpressure_logged >= 10.0:  # one line per 10 s, not per episode
+                self._backpressure_logged = now
+                log.warning("link backlog high: client input paused (episodes=%d)",
+                            self.counters["backpressure"])
 
     def link_lost(self, link: Link) -> None:
         peer = link.peer
