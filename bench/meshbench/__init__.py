@@ -8,7 +8,11 @@
 * ``scenarios``: the suite (full and ``--quick`` sizes) and each scenario's broker settings;
 * ``runner``: runs one scenario against one broker and turns the numbers into figures;
 * ``profiling``: py-spy on meshmq during a scenario's window, summarised by function;
-* ``report``: the table of figures and ratios, the JSON file and the plot.
+* ``report``: the table of figures and ratios, the JSON file and the plot;
+* ``workers``, ``linkcost``, ``placed``, ``placement``: the ``server.workers`` benchmark
+  (``bench/workers.py``): its loads and tables, the link-cost scenario, an MQTT 5.0 client that
+  picks its worker, and which worker serves each load generator
+  connection.
 """
 
 

@@ -1,7 +1,10 @@
 """Start meshmq or Mosquitto for one scenario: pinned, on an ephemeral 127.0.0.1 port.
 
 Both run under ``taskset -c CPUS`` (taskset execs the broker, so the pid we hold is the
-broker's own and /proc/<pid> tells its CPU time and resident memory).
+broker's own and /proc/<pid> tells its CPU time and resident memory). meshmq with
+``server.workers`` above 1 is a supervisor and N worker processes: the broker's figures are then
+the sum over the supervisor and its workers (``RunningBroker.workers``, found once the node is
+ready), and ``worker_stats()`` gives each worker's own.
 
 * meshmq: ``python -m meshmq serve`` with a TOML file built from the scenario's settings
   (``BASE_MESHMQ`` plus overrides), ``--port 0`` and ``--port-file`` to learn the port, and a
@@ -21,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshbench import BenchError
@@ -49,24 +52,43 @@ LOSSLESS_MESHMQ: dict[str, object] = {
 class ProcStats:
     """One process so far: CPU seconds used (user + system), seconds its threads spent
     runnable but waiting for a CPU (the scheduler's run delay: high on a shared machine), and
-    resident memory."""
+    resident memory. ``syscalls``: read- and write-type system calls so far (/proc/<pid>/io
+    syscr + syscw, every thread); ``wakeups``: voluntary context switches of the main thread
+    (an event loop going to sleep in epoll and waking up again). Both show how well work is
+    batched: fewer per message is bigger batches."""
 
     cpu_s: float
     rss_kb: int
     wait_s: float = 0.0
+    syscalls: int = 0
+    wakeups: int = 0
 
 
 def proc_stats(pid: int) -> ProcStats:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
-    rss = 0
+    rss = wakeups = 0
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1])
-                break
-    return ProcStats(cpu, rss, run_delay(pid))
+            elif line.startswith("voluntary_ctxt_switches:"):
+                wakeups = int(line.split()[1])
+    return ProcStats(cpu, rss, run_delay(pid), io_syscalls(pid), wakeups)
+
+
+def io_syscalls(pid: int) -> int:
+    """syscr + syscw of /proc/<pid>/io (0 when it cannot be read)."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith(("syscr:", "syscw:")):
+                    total += int(line.split()[1])
+    except OSError:
+        return 0
+    return total
 
 
 def run_delay(pid: int) -> float:
@@ -86,6 +108,83 @@ def run_delay(pid: int) -> float:
     return total / 1e9
 
 
+def add_stats(parts: list[ProcStats]) -> ProcStats:
+    """Several processes as one: CPU, run-queue wait and RSS added up (pages two processes
+    share, like a forked worker's copy-on-write heap, count twice)."""
+    return ProcStats(sum(p.cpu_s for p in parts), sum(p.rss_kb for p in parts),
+                     sum(p.wait_s for p in parts), sum(p.syscalls for p in parts),
+                     sum(p.wakeups for p in parts))
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, in pid order (from /proc/<pid>/stat of every
+    process: this kernel has no /proc/<pid>/task/<tid>/children)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it just ended
+        if int(fields[1]) == pid:  # field 4, ppid
+            found.append(int(entry))
+    return sorted(found)
+
+
+def socket_inodes(pid: int) -> dict[int, int]:
+    """fd -> socket inode for the sockets process ``pid`` holds."""
+    inodes = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return {}
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes[int(fd)] = int(target[8:-1])
+    return inodes
+
+
+def worker_indexes(pids: list[int]) -> dict[int, int]:
+    """worker index -> pid: the worker that listens on the abstract unix socket
+    ``@meshmq-<token>-<index>`` (cluster/spec.py) is worker ``index``. Pids whose socket is
+    not found (not meshmq workers, or not listening yet) are left out."""
+    listening: dict[int, int] = {}  # inode -> index
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            # Num RefCount Protocol Flags Type St Inode Path; flags 0x10000 = listening
+            if len(parts) < 8 or not parts[7].startswith("@meshmq-"):
+                continue
+            if int(parts[3], 16) & 0x10000:
+                index = parts[7].rsplit("-", 1)[1]
+                if index.isdigit():
+                    listening[int(parts[6])] = int(index)
+    found = {}
+    for pid in pids:
+        for inode in socket_inodes(pid).values():
+            if inode in listening:
+                found[listening[inode]] = pid
+                break
+    return dict(sorted(found.items()))
+
+
+def host_cpu() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine so far, all CPUs (/proc/stat): busy is
+    user + nice + system + irq + softirq + steal; steal is time the hypervisor gave away."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (values + [0] * 8)[:8]
+    busy = user + nice + system + irq + softirq + steal
+    return busy / CLOCK_TICKS, steal / CLOCK_TICKS
+
+
 @dataclass
 class RunningBroker:
     """One broker process; ``stop()`` it when done (it is also stopped on error paths)."""
@@ -94,13 +193,33 @@ class RunningBroker:
     proc: subprocess.Popen
     port: int
     log_path: Path
+    workers: dict[int, int] = field(default_factory=dict)  # index -> pid (server.workers > 1)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def stats(self) -> ProcStats:
-        return proc_stats(self.proc.pid)
+        """This broker so far: its process plus, for a meshmq node, every worker."""
+        own = proc_stats(self.proc.pid)
+        if not self.workers:
+            return own
+        return add_stats([own, *self.worker_stats().values()])
+
+    def worker_stats(self) -> dict[int, ProcStats]:
+        """index -> that worker's figures (a worker that ended is left out)."""
+        found = {}
+        for index, pid in self.workers.items():
+            try:
+                found[index] = proc_stats(pid)
+            except OSError:
+                continue
+        return found
+
+    def workers_alive(self) -> bool:
+        """Every worker found at start is still the same process (none was restarted)."""
+        children = set(child_pids(self.proc.pid))
+        return all(pid in children for pid in self.workers.values())
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -166,6 +285,15 @@ def start_meshmq(workdir: Path, settings: dict[str, object], cpus: str | None) -
             raise BenchError("meshmq did not listen within 30 s")
         time.sleep(0.02)  # polling the port file, not timing anything
     broker.port = int(port_file.read_text().split()[0])
+    workers = {**BASE_MESHMQ, **settings}["server.workers"]
+    if workers != 1:  # a supervisor (0: one worker per CPU); the port file means all are ready
+        children = child_pids(proc.pid)
+        broker.workers = worker_indexes(children)
+        if not broker.workers or (isinstance(workers, int) and workers > 1
+                                  and len(broker.workers) != workers):
+            broker.stop()
+            raise BenchError(f"meshmq: found {len(broker.workers)} of {workers} workers "
+                             f"(children {children})")
     return broker
 
 

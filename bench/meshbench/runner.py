@@ -5,6 +5,11 @@ elsewhere) and follow its events: at ``window-start`` and ``window-end`` the bro
 and memory are read from /proc (and py-spy may sample it in between); at ``ready`` in the idle
 scenario the broker's memory is read once it stops growing, then the generator is told to
 disconnect. The generator's ``result`` line carries its own counts, validation and CPU use.
+
+A meshmq node with several workers (``server.workers``) is measured as the sum of its processes;
+each worker's CPU share, and which worker serves each connection (``placement``), are added.
+The whole machine's busy CPU over the window is recorded too (``host_busy_pct``, all CPUs,
+100 = one CPU), so a run on a shared machine says how much else was running.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshbench import BenchError, profiling
+from meshbench import BenchError, placement, profiling
 from meshbench.brokers import (
     ProcStats,
     RunningBroker,
+    host_cpu,
     pinned,
     proc_stats,
     start_meshmq,
@@ -134,6 +140,9 @@ def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[st
         profile_out = ctx.profile_dir / f"profile-{scenario.name}.txt"
 
     ready_data: dict[str, object] = {}
+    per_worker: dict[str, dict[int, ProcStats]] = {}
+    host: dict[str, tuple[float, float]] = {}
+    served_by: list[int] = []
 
     def on_event(name: str, data: dict, proc: subprocess.Popen) -> None:
         marks[name] = time.monotonic()
@@ -143,6 +152,11 @@ def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[st
                 samples[f"loadgen-{name}"] = proc_stats(proc.pid)
             except OSError:
                 pass  # it ended already
+            host[name] = host_cpu()
+            if broker.workers:
+                per_worker[name] = broker.worker_stats()
+        if name == "window-start" and broker.workers and scenario.mode != "idle":
+            served_by.extend(placement.client_workers(proc.pid, broker.port, broker.workers))
         if name == "window-start" and profile_out is not None:
             spy.append(profiling.start(broker.pid, ctx.timing.duration, profile_out,
                                        ctx.loadgen_cpus))
@@ -158,6 +172,26 @@ def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[st
     run = drive_loadgen(cmd, on_event, timeout)
     samples["end"] = broker.stats() if broker.alive() else samples["start"]
     outcome = _figures(scenario, run, samples, marks, ready_data)
+    if "window-start" in host and "window-end" in host:
+        wall = max(marks["window-end"] - marks["window-start"], 1e-9)
+        (busy0, steal0), (busy1, steal1) = host["window-start"], host["window-end"]
+        figures: dict[str, float] = outcome["figures"]  # type: ignore[assignment]
+        figures["host_busy_pct"] = 100.0 * (busy1 - busy0) / wall
+        figures["host_steal_pct"] = 100.0 * (steal1 - steal0) / wall
+        if broker.workers and "window-start" in per_worker and "window-end" in per_worker:
+            w0, w1 = per_worker["window-start"], per_worker["window-end"]
+            for index in sorted(w0.keys() & w1.keys()):
+                figures[f"worker{index}_cpu_pct"] = 100.0 * (w1[index].cpu_s
+                                                             - w0[index].cpu_s) / wall
+    if broker.workers:
+        outcome["workers"] = len(broker.workers)
+        if served_by:
+            outcome["placement"] = placement.summarise(
+                scenario.topology, scenario.pubs, scenario.subs, served_by, len(broker.workers))
+        if broker.alive() and not broker.workers_alive():
+            outcome["ok"] = False
+            outcome["problems"].append(  # type: ignore[union-attr]
+                f"a worker was restarted during the run: {broker.log_tail(5)}")
     if not broker.alive():
         outcome["ok"] = False
         outcome["problems"].append(  # type: ignore[union-attr]
@@ -208,6 +242,9 @@ def _figures(scenario: Scenario, run: LoadgenRun, samples: dict[str, ProcStats],
         else:
             delivered = float(lg.get("delivered_window", 0))  # type: ignore[arg-type]
             figures["per_cpu"] = delivered / cpu if cpu > 0 else 0.0
+            if delivered:
+                figures["broker_syscalls_per_msg"] = (s1.syscalls - s0.syscalls) / delivered
+                figures["broker_wakeups_per_msg"] = (s1.wakeups - s0.wakeups) / delivered
             figures["rss_growth_mb"] = (end.rss_kb - start.rss_kb) / 1024
         if scenario.stalled:
             figures["stalled_disconnected"] = float(lg.get("stalled_disconnected", 0))  # type: ignore[arg-type]

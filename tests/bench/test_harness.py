@@ -13,7 +13,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from meshbench import profiling, report  # noqa: E402
+from meshbench import linkcost, placement, profiling, report, workers  # noqa: E402
 from meshbench.brokers import proc_stats, toml_text  # noqa: E402
 from meshbench.build import build_loadgen  # noqa: E402
 from meshbench.runner import Context, run_one  # noqa: E402
@@ -178,3 +178,59 @@ def test_proc_stats_reads_this_process() -> None:
     stats = proc_stats(os.getpid())
     assert stats.rss_kb > 1000
     assert stats.cpu_s > 0
+
+
+def test_two_workers_are_measured_as_one_node(loadgen: Path) -> None:
+    load = Scenario("tiny_workers", "tiny", "throughput", topology="pairs", pubs=6, subs=6,
+                    qos=1, meshmq=LOG_OFF)
+    outcome = workers.run_scaling(load, 2, context(loadgen), pin=False)
+    assert outcome["ok"], outcome["problems"]
+    lg = outcome["loadgen"]
+    assert lg["valid"] == lg["expected"] == lg["published"] > 0
+    figures = outcome["figures"]
+    assert figures["rate"] > 0 and figures["broker_us_per_msg"] > 0
+    assert figures["loadgen_us_per_msg"] > 0
+    per_worker = figures["worker0_cpu_pct"] + figures["worker1_cpu_pct"]
+    assert per_worker > 0
+    assert abs(figures["broker_cpu_pct"] - per_worker) <= 5  # the supervisor does nothing
+    place = outcome["placement"]
+    assert place["complete"]
+    assert sum(place["publishers_per_worker"]) == sum(place["subscribers_per_worker"]) == 6
+    assert 0 <= place["crossing_pairs"] <= 6
+
+
+def test_link_cost_client_lands_where_it_asks() -> None:
+    case = next(c for c in linkcost.CASES if c.name == "forwarded")
+    outcome = linkcost.run_case(case, warmup=0.2, duration=0.5, pairs=2)
+    assert outcome["ok"], outcome["problems"]
+    assert outcome["placement"] == {"publishers": [0, 0], "subscribers": [1, 1]}
+    counts = outcome["counts"]
+    assert counts["delivered"] == counts["published"] > counts["delivered_window"] > 0
+    figures = outcome["figures"]
+    assert figures["worker0_us_per_msg"] > 0 and figures["worker1_us_per_msg"] > 0
+    assert figures["broker_us_per_msg"] == pytest.approx(
+        figures["worker0_us_per_msg"] + figures["worker1_us_per_msg"])
+
+
+def test_connack_worker_property_is_read() -> None:
+    from meshbench.placed import connack_worker
+
+    body = (b"\x00\x00\x1e!\x04\x00'\x00\x10\x00\x00\"\xff\xff&\x00\rmeshmq-worker"
+            b"\x00\x011")
+    assert connack_worker(body) == 1
+    assert connack_worker(b"\x00\x00\x03\x21\x04\x00") is None  # a single broker: none
+    with pytest.raises(ValueError):
+        connack_worker(b"\x00\x87\x00")  # refused
+
+
+def test_placement_and_link_cost_arithmetic() -> None:
+    fanin = placement.summarise("fanin", 4, 1, [0, 0, 1, 1, 1], 2)
+    assert fanin["publishers_per_worker"] == [2, 2]
+    assert fanin["crossing_fraction"] == 0.5
+    pairs = placement.summarise("pairs", 3, 3, [0, 1, 1, 0, 1, 0], 2)
+    assert (pairs["crossing_pairs"], pairs["complete"]) == (1, True)  # pair 2: 1 -> 0
+    rows = [{"case": "local", "broker_us_per_msg": 6.0},
+            {"case": "forwarded", "broker_us_per_msg": 17.0, "worker0_us_per_msg": 7.0,
+             "worker1_us_per_msg": 10.0}]
+    cost = workers.link_cost(rows)
+    assert (cost["total_us"], cost["sender_us"], cost["receiver_us"]) == (11.0, 7.0, 10.0)

@@ -465,3 +465,13 @@ def test_a_stopped_worker_holds_back_its_peer_without_loss_or_unbounded_memory(
     assert got == list(range(1000))  # all of them, in order
     publisher.publish("bulk/x", "after", qos=1)  # input was resumed
     assert subscriber.expect().payload == b"after"
+
+
+def test_after_suback_a_publish_on_any_worker_reaches_the_subscriber(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    subscriber = connect_on(client_factory, workers, 1)
+    publisher = connect_on(client_factory, workers, 0)
+    for n in range(30):  # routes reach the peer before the SUBACK, every time
+        subscriber.subscribe(f"fresh/{n}", qos=1)
+        publisher.publish(f"fresh/{n}", str(n), qos=1)
+        assert subscriber.expect().payload == str(n).encode()

@@ -415,12 +415,15 @@ CASES: dict[FrameType, tuple[bytes, Callable[[bytes], object], object, bool]] = 
     FrameType.STATS: (
         Writer().u16(2).text("a").text("b").offsets([1, 2]).frame(FrameType.STATS),
         read_stats, (["a", "b"], [1, 2]), True),
+    FrameType.BARRIER: (Writer().u64(16).frame(FrameType.BARRIER), read_sync, 16, False),
+    FrameType.BARRIER_DONE: (
+        Writer().u64(17).frame(FrameType.BARRIER_DONE), read_sync, 17, False),
 }
 
 
 def test_every_frame_type_has_a_case() -> None:
-    assert set(CASES) == set(FrameType) == set(range(1, 14))
-    assert set(range(1, 14)) == KNOWN_TYPES
+    assert set(CASES) == set(FrameType) == set(range(1, 16))
+    assert set(range(1, 16)) == KNOWN_TYPES
 
 
 @pytest.mark.parametrize("frame_type", list(FrameType), ids=lambda t: t.name)
@@ -472,7 +475,7 @@ def test_frame_length_at_the_limit_waits_without_allocating_it() -> None:
 
 def test_unknown_frame_types() -> None:
     unknown = [value for value in range(256) if value not in KNOWN_TYPES]
-    assert len(unknown) == 256 - 13
+    assert len(unknown) == 256 - len(FrameType)
     for value in unknown:
         with pytest.raises(LinkError):
             FrameReader().feed(frame_bytes(value, b"body"))

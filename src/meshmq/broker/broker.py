@@ -237,6 +237,19 @@ class Broker:
                 self._start_expiry(session)
                 self.keeper.detached(session)
             return
+        if any(session.subscriptions for session in adopted):
+            # CONNACK once the peers route the moved subscriptions here.
+            self.mesh.barrier(partial(self._connect_claimed, client, packet))  # type: ignore[union-attr]
+            return
+        self._connect_claimed(client, packet)
+
+    def _connect_claimed(self, client: ClientProtocol, packet: Connect) -> None:
+        if client.gone:
+            session = self.sessions.get(packet.client_id)
+            if session is not None and session.client is None:
+                self._start_expiry(session)
+                self.keeper.detached(session)
+            return
         self._accept_connect(client, packet)
         client.release()
 
@@ -624,7 +637,14 @@ class Broker:
                 session.pump(self.loop.time())
             client.wake()
 
-        self.keeper.subscriptions(session, [f for f, _ in packet.subscriptions], stored)
+        filters = [f for f, _ in packet.subscriptions]
+        if self.mesh is not None and self.mesh.links and any(
+                code < 0x80 for code in codes):  # and the peers route to it (mesh.barrier)
+            stored = _after_both(stored, partial(self.keeper.subscriptions, session, filters),
+                                 self.mesh.barrier)
+            stored()
+            return
+        self.keeper.subscriptions(session, filters, stored)
 
     def _replay_request(self, packet: Subscribe) -> tuple[ReplayRequest | None, list[int] | None]:
         """Start offsets asked for with the ``meshmq-replay`` user property (docs/replay.md)."""
@@ -946,6 +966,23 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def _after_both(done: Callable[[], None], first: Callable[[Callable[[], None]], None],
+                second: Callable[[Callable[[], None]], None]) -> Callable[[], None]:
+    """A call that starts ``first`` and ``second`` (each takes a completion) and runs
+    ``done`` once both have completed."""
+    def start() -> None:
+        waiting = [2]
+
+        def one_done() -> None:
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                done()
+
+        first(one_done)
+        second(one_done)
+    return start
 
 
 def _too_long(topic_filter: str, limit: int) -> bool:

@@ -56,6 +56,8 @@ class FrameType(IntEnum):
     SYNC = 11  # request to the leader: your high watermark, after everything sent before
     SYNCED = 12  # answer to SYNC
     STATS = 13  # a worker's counters, for the leader's $SYS totals
+    BARRIER = 14  # request: answer once everything sent before is applied (routes)
+    BARRIER_DONE = 15  # answer to BARRIER
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)

@@ -124,6 +124,8 @@ class Mesh:
             FrameType.RETAINED: self._on_answer,
             FrameType.CLAIMED: self._on_answer,
             FrameType.SYNCED: self._on_answer,
+            FrameType.BARRIER: self._on_barrier,
+            FrameType.BARRIER_DONE: self._on_answer,
         }
         self.router.mesh = self
         self.router.route_listener = self._local_route
@@ -501,6 +503,31 @@ class Mesh:
             return
         link, request_id = sent
         link.send(Writer().u64(request_id).frame(FrameType.SYNC))
+
+    def barrier(self, done: Callable[[], None]) -> None:
+        """Call ``done`` once every linked peer has applied our route changes so far: a
+        SUBACK sent after it means a publish on any worker reaches the new subscription."""
+        waiting = [0]
+
+        def answer(reader: Reader | None) -> None:
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                done()
+
+        for peer in list(self.links):
+            sent = self._request(peer, answer)  # flushes the pending route changes first
+            if sent is not None:
+                link, request_id = sent
+                waiting[0] += 1
+                link.send(Writer().u64(request_id).frame(FrameType.BARRIER))
+        if not waiting[0]:
+            self.loop.call_soon(done)
+
+    def _on_barrier(self, link: Link, body: bytes) -> None:
+        reader = Reader(body)
+        request_id = reader.u64()
+        reader.end()
+        link.send(Writer().u64(request_id).frame(FrameType.BARRIER_DONE))
 
     def claim(self, client_id: str, clean_start: bool,
               done: Callable[[list[bytes]], None]) -> None:
