@@ -475,3 +475,22 @@ def test_after_suback_a_publish_on_any_worker_reaches_the_subscriber(
         subscriber.subscribe(f"fresh/{n}", qos=1)
         publisher.publish(f"fresh/{n}", str(n), qos=1)
         assert subscriber.expect().payload == str(n).encode()
+
+
+def test_offline_session_on_a_non_leader_survives_kill_9_of_the_node(
+        broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    broker = broker_factory(LOG_ON, workers=2)
+    subscriber = connect_on(client_factory, broker, 1, "meter-reader", expiry=3600)
+    subscriber.subscribe("meters/#", qos=1)
+    subscriber.disconnect()  # the session waits on worker 1, as a log cursor
+    publisher = connect_on(client_factory, broker, 0)
+    for n in range(100):
+        publisher.publish(f"meters/{n % 3}", str(n), qos=1)
+    broker.stop(signal.SIGKILL)
+    restarted = broker_factory(LOG_ON, name="broker", workers=2)
+    resumed, _ = resume(client_factory, restarted, "meter-reader", 3600)
+    got = [int(resumed.expect().payload) for _ in range(100)]
+    for topic in range(3):  # per topic (partition), in order; nothing missing
+        assert [n for n in got if n % 3 == topic] == list(range(topic, 100, 3))
+    resumed.expect_none(0.3)
