@@ -244,29 +244,3 @@ class StateKeeper:
         if self.store.journal_bytes > COMPACT_BYTES:
             self.store.compact(self.snapshot())
         self._timer = broker.loop.call_later(CHECKPOINT_SECONDS, self._checkpoint)
-
-    def _merge_orphans(self, state: State) -> list[Path]:
-        data_dir = Path(self.broker.config.server.data_dir)
-        worker = self.broker.worker
-        orphans = []
-        for path in sorted(data_dir.glob("state-*")):
-            index = path.name.removeprefix("state-")
-            if not index.isdigit() or not path.is_dir():
-                continue
-            if worker is not None and (int(index) < worker.count
-                                       or int(index) % worker.count != worker.index):
-                continue
-            store = StateStore(data_dir, self.broker.loop, path.name)
-            found = store.load()
-            store.close()
-            for client_id, record in found["sessions"].items():
-                mine = state["sessions"].get(client_id)
-                if mine is None or (record.get("detached_at") or 0) > (
-                        mine.get("detached_at") or 0):
-                    state["sessions"][client_id] = record
-            if worker is None or worker.is_leader:
-                for topic, data in found["retained"].items():
-                    state["retained"].setdefault(topic, data)
-            log.info("state merged from %s sessions=%d", path.name, len(found["sessions"]))
-            orphans.append(path)
-        return orphans
