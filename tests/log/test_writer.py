@@ -96,7 +96,9 @@ def test_always_completes_only_after_the_partition_was_fsynced(tmp_path: Path) -
         os.fsync(fd)
         synced[size_before.st_ino] = size_before.st_size
 
-    log = CommitLog(tmp_path, LogConfig(partitions=4, segment_bytes=30_000),
+    # Records are stamped T0 (2023): without retention_ms = -1 the writer's retention pass could
+    # delete the rolled segments mid-test on a slow machine, and the roll count below with them.
+    log = CommitLog(tmp_path, LogConfig(partitions=4, segment_bytes=30_000, retention_ms=-1),
                     fsync=recording_fsync)
     violations: list[str] = []
 
