@@ -208,11 +208,11 @@ def _admission_keys(section: str, listener: str) -> dict[str, _Key]:
             str, None, f"comma-separated CIDR networks refused on {listener} (deny wins)",
             _check_networks),
         f"{section}.max_connections": _Key(
-            int, (0, None), f"connections open at once on {listener}; beyond it CONNACK 0x97"
-            " (3.1.1: 3); 0 = no limit"),
+            int, (0, None), f"connections open at once on {listener} (the node's total, split"
+            " evenly between workers); beyond it CONNACK 0x97 (3.1.1: 3); 0 = no limit"),
         f"{section}.max_connections_per_ip": _Key(
-            int, (0, None), f"connections open at once from one source IP on {listener};"
-            " beyond it CONNACK 0x97 (3.1.1: 3); 0 = no limit"),
+            int, (0, None), f"connections open at once from one source IP on {listener}, in"
+            " each worker; beyond it CONNACK 0x97 (3.1.1: 3); 0 = no limit"),
     }
 
 # The one table: dotted key -> type, allowed values, description. Its order is the docs' order.
@@ -294,12 +294,13 @@ _KEYS: dict[str, _Key] = {
     "log.queue_size": _Key(
         int, (1, None), "appends waiting for the writer; beyond it publishes get 0x97"),
     "limits.connect_rate": _Key(
-        int, (0, None), "CONNECTs per second the node accepts (token bucket); above it"
-        " CONNACK 0x9F (3.1.1: 3); 0 = no limit"),
+        int, (0, None), "CONNECTs per second the node accepts (token bucket, split evenly"
+        " between workers); above it CONNACK 0x9F (3.1.1: 3); 0 = no limit"),
     "limits.connect_burst": _Key(
         int, (1, None), "CONNECTs the node accepts at once before connect_rate applies"),
     "limits.connect_rate_per_address": _Key(
-        int, (0, None), "CONNECTs per second from one source address; 0 = no limit"),
+        int, (0, None), "CONNECTs per second from one source address, in each worker;"
+        " 0 = no limit"),
     "limits.connect_burst_per_address": _Key(
         int, (1, None), "CONNECTs one source address may make at once"),
     "limits.client_message_rate": _Key(

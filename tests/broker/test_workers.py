@@ -494,3 +494,21 @@ def test_offline_session_on_a_non_leader_survives_kill_9_of_the_node(
     for topic in range(3):  # per topic (partition), in order; nothing missing
         assert [n for n in got if n % 3 == topic] == list(range(topic, 100, 3))
     resumed.expect_none(0.3)
+
+
+def test_node_wide_connection_limit_is_shared_between_workers(
+        broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    broker = broker_factory(LOG_OFF + "[server]\nmax_connections = 4\n", workers=2)
+    accepted: Counter[int] = Counter()
+    refused = 0
+    for _ in range(16):  # far more than the node's 4: each worker takes its half, 2
+        client = client_factory()
+        _, reason, connack = client.connect(broker.port, expect_success=False)
+        if reason.is_failure:
+            assert reason == 0x97  # Quota exceeded
+            refused += 1
+        else:
+            accepted[worker_of(connack)] += 1
+    assert sum(accepted.values()) <= 4 and max(accepted.values()) <= 2
+    assert refused >= 12

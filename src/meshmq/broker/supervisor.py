@@ -52,7 +52,7 @@ from meshmq.auth.passwords import PasswordFileError, read_password_file
 from meshmq.broker.listeners import listener_specs
 from meshmq.broker.server import run_worker
 from meshmq.broker.tls import TLSConfigError, build_server_context
-from meshmq.cluster.spec import WorkerSpec
+from meshmq.cluster.spec import WorkerSpec, share_node_limits
 from meshmq.config import BrokerConfig
 from meshmq.logsetup import set_worker
 
@@ -460,6 +460,7 @@ def supervise(config: BrokerConfig, count: int) -> int:
     try:
         check_files(config)
         worker_config, sockets = reserve_ports(config)
+        worker_config = share_node_limits(worker_config, count)
     except (PasswordFileError, ACLFileError, TLSConfigError, ReservationError) as exc:
         log.error("%s", exc)
         return 1 if isinstance(exc, ReservationError) else 2

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshmq.config import BrokerConfig
 
 LEADER = 0  # the worker that owns the commit log and the retained messages (docs/workers.md)
 
@@ -42,3 +47,23 @@ def resolve_workers(configured: int) -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def share_node_limits(config: BrokerConfig, count: int) -> BrokerConfig:
+    """The configuration of one of ``count`` workers: limits meant for the whole node
+    (``max_connections`` of each listener, ``limits.connect_rate`` and ``connect_burst``) split
+    evenly, rounded up, since the kernel spreads connections evenly over the workers. Limits per
+    source address and per client apply in each worker as they are (docs/workers.md)."""
+    def share(value: int) -> int:
+        return -(-value // count) if value > 0 else value
+
+    changes: dict[str, object] = {
+        name: dataclasses.replace(section, max_connections=share(section.max_connections))
+        for name in ("server", "tls", "ws", "wss")
+        if (section := getattr(config, name)).max_connections > 0
+    }
+    limits = config.limits
+    changes["limits"] = dataclasses.replace(
+        limits, connect_rate=share(limits.connect_rate),
+        connect_burst=max(1, share(limits.connect_burst)))
+    return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
