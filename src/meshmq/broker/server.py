@@ -49,7 +49,8 @@ class BrokerServer:
         broker.start()
         listeners = self.listeners = Listeners(self.config, broker, self.worker is not None)
         wide = [bind for bind in listeners.binds() if not _is_loopback(bind)]
-        if self.config.auth.allow_anonymous and wide:
+        if self.config.auth.allow_anonymous and wide and (
+                self.worker is None or self.worker.is_leader):  # one warning per node
             log.warning(
                 "ANONYMOUS ACCESS IS ON while listening beyond loopback bind=%s: any client may"
                 " connect; set auth.password_file (and auth.anonymous = \"deny\")", wide[0],
