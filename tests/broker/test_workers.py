@@ -9,6 +9,7 @@ needs.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 from collections import Counter
@@ -512,3 +513,28 @@ def test_node_wide_connection_limit_is_shared_between_workers(
             accepted[worker_of(connack)] += 1
     assert sum(accepted.values()) <= 4 and max(accepted.values()) <= 2
     assert refused >= 12
+
+
+def test_a_stopped_worker_does_not_hold_back_connects_and_subscribes_elsewhere(
+        workers: BrokerProcess, client_factory: Callable[..., Client]) -> None:
+    pids = worker_pids(workers)
+    os.kill(pids[1], signal.SIGSTOP)  # half the new connections queue at worker 1, unanswered
+    try:
+        for _ in range(12):
+            client = client_factory("while-stopped")
+            client.paho.connect("127.0.0.1", workers.port)
+            client.paho.loop_start()
+            try:  # on worker 0: the claim to worker 1 times out (3 s), then CONNACK
+                _, _, connack = client.connacks.get(timeout=6.0)
+            except queue.Empty:
+                client.paho.loop_stop()
+                client.paho.socket().close()  # landed on the stopped worker: another try
+                continue
+            assert worker_of(connack) == 0
+            assert client.subscribe("x/y", qos=1) == [1]  # the route barrier times out too
+            break
+        else:
+            pytest.fail("no connection landed on worker 0")
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+    assert "claim unanswered" in workers.log() and "route barrier unanswered" in workers.log()

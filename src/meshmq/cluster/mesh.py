@@ -74,6 +74,8 @@ log = logging.getLogger("meshmq.mesh")
 LOCAL = -1  # "this worker" among the candidates of a shared group
 LINK_TIMEOUT = 60.0  # seconds to link to every peer at start-up
 CLAIM_RETRY_SECONDS = 0.02
+CLAIM_TIMEOUT = 3.0  # a peer that does not answer a claim or barrier (stopped, stuck) is
+# passed over after this many seconds
 REDIAL_MAX_SECONDS = 1.0
 
 CLAIM_NONE, CLAIM_SESSION, CLAIM_RETRY = 0, 1, 2
@@ -508,12 +510,25 @@ class Mesh:
         """Call ``done`` once every linked peer has applied our route changes so far: a
         SUBACK sent after it means a publish on any worker reaches the new subscription."""
         waiting = [0]
+        finished = [False]
+
+        def finish() -> None:
+            if not finished[0]:
+                finished[0] = True
+                timer.cancel()
+                done()
 
         def answer(reader: Reader | None) -> None:
             waiting[0] -= 1
             if waiting[0] == 0:
-                done()
+                finish()
 
+        def timed_out() -> None:  # a stopped peer must not hold every SUBACK back
+            log.warning("route barrier unanswered after %.0f s, going on waiting=%d",
+                        CLAIM_TIMEOUT, waiting[0])
+            finish()
+
+        timer = self.loop.call_later(CLAIM_TIMEOUT, timed_out)
         for peer in list(self.links):
             sent = self._request(peer, answer)  # flushes the pending route changes first
             if sent is not None:
@@ -521,7 +536,7 @@ class Mesh:
                 waiting[0] += 1
                 link.send(Writer().u64(request_id).frame(FrameType.BARRIER))
         if not waiting[0]:
-            self.loop.call_soon(done)
+            self.loop.call_soon(finish)
 
     def _on_barrier(self, link: Link, body: bytes) -> None:
         reader = Reader(body)
@@ -540,8 +555,13 @@ class Mesh:
                      done: Callable[[list[bytes]], None]) -> None:
         waiting = [0]
         retry = [False]
+        finished = [False]
 
         def finish() -> None:
+            if finished[0]:
+                return
+            finished[0] = True
+            timer.cancel()
             if retry[0] and not self.closing:
                 self.loop.call_later(CLAIM_RETRY_SECONDS, self._claim_round, client_id,
                                      clean_start, sessions, done)
@@ -550,16 +570,28 @@ class Mesh:
             done(sessions)
 
         def answer(reader: Reader | None) -> None:
+            status = CLAIM_NONE
             if reader is not None:
                 status, blob = reader.u8(), reader.blob()
-                if status == CLAIM_SESSION:
-                    sessions.append(blob)
-                elif status == CLAIM_RETRY:
+                if status == CLAIM_RETRY:
                     retry[0] = True
+            if finished[0]:  # after the timeout: the connection went on without it
+                if status == CLAIM_SESSION:
+                    log.warning("session handed over after the claim timed out, dropped "
+                                "client_id=%s", client_id)
+                return
+            if status == CLAIM_SESSION:
+                sessions.append(blob)
             waiting[0] -= 1
             if waiting[0] == 0:
                 finish()
 
+        def timed_out() -> None:
+            log.warning("claim unanswered after %.0f s, connecting without it client_id=%s "
+                        "waiting=%d", CLAIM_TIMEOUT, client_id, waiting[0])
+            finish()
+
+        timer = self.loop.call_later(CLAIM_TIMEOUT, timed_out)
         for peer in list(self.links):
             sent = self._request(peer, answer)
             if sent is None:
