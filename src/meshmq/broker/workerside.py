@@ -1,0 +1,207 @@
+"""The broker's side of the mesh: what a worker asks of the other workers, and does for them.
+
+Theory of operation
+-------------------
+``Broker`` inherits these methods; they only run when ``server.workers`` is above 1 (see
+docs/workers.md and cluster/mesh.py for the protocol):
+
+* joining: ``join_mesh`` links to every peer before sessions are restored; a worker other than
+  the leader then reads the commit log through ``RemoteLog``;
+* CONNECT: ``_claimed`` adopts the sessions peers handed over and, once the peers route the
+  moved subscriptions here (a barrier), connects; ``release_session`` is the other side;
+* persisted publishes and retained messages are the leader's: ``append_for_peer``,
+  ``store_retained`` and ``retained_matching`` serve the other workers, ``_keep_retained``
+  stores here or asks the leader;
+* catch-up on a worker that is not the leader reads up to the leader's high watermark as of
+  after its routes moved (``_sync_catchup``, ``_sync_replay``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from meshmq.broker.message import Message
+from meshmq.broker.replay import ReplayError, ReplayRequest, start_offsets
+from meshmq.mqtt.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from meshmq.broker.broker import Broker
+    from meshmq.broker.protocol import ClientProtocol
+    from meshmq.broker.session import Session
+    from meshmq.mqtt.packets import Connect
+
+
+log = logging.getLogger("meshmq.broker")
+
+
+class WorkerSide:
+    """Mixin of ``Broker`` (every method's ``self`` is the broker)."""
+
+    async def join_mesh(self: Broker) -> None:
+        """Link to the other workers of this node (cluster/mesh.py); returns once linked."""
+        worker = self.worker
+        if worker is None or worker.count == 1:
+            return
+        from meshmq.cluster.mesh import Mesh
+
+        self.mesh = Mesh(self, worker)
+        await self.mesh.start()
+        if self.config.log.enabled and not worker.is_leader:
+            from meshmq.cluster.remotelog import RemoteLog
+
+            self.persistence = RemoteLog(self.config.log, self.config.server.data_dir,
+                                         self.mesh, self.mesh.leader_high)
+
+    def _claimed(
+        self: Broker, client: ClientProtocol, packet: Connect, sessions: list[bytes]
+    ) -> None:
+        """Peers answered the claim (workers): adopt what they handed over, then connect."""
+        adopted = self.mesh.adopt(sessions) if sessions else []  # type: ignore[union-attr]
+        for session in adopted:
+            self._sync_catchup(session)
+        if client.gone:  # the new connection went away meanwhile: the session waits here
+            for session in adopted:
+                self._start_expiry(session)
+                self.keeper.detached(session)
+            return
+        if any(session.subscriptions for session in adopted):
+            # CONNACK once the peers route the moved subscriptions here.
+            self.mesh.barrier(partial(self._connect_claimed, client, packet))  # type: ignore[union-attr]
+            return
+        self._connect_claimed(client, packet)
+
+    def _connect_claimed(self: Broker, client: ClientProtocol, packet: Connect) -> None:
+        if client.gone:
+            session = self.sessions.get(packet.client_id)
+            if session is not None and session.client is None:
+                self._start_expiry(session)
+                self.keeper.detached(session)
+            return
+        self._accept_connect(client, packet)
+        client.release()
+
+    def _sync_catchup(self: Broker, session: Session) -> None:
+        """Workers: a session handed over with a log cursor reads up to the leader's high
+        watermark as of after its routes moved here (records routed while they moved went
+        to neither worker live; remotelog.py)."""
+        catchup = session.catchup
+        if catchup is None or self.persistence is None or self.persistence.routes_locally:
+            return
+        catchup.syncing += 1
+
+        def synced() -> None:
+            catchup.syncing -= 1
+            session.pump(self.loop.time())
+
+        self.mesh.sync(synced)  # type: ignore[union-attr]
+
+    def _sync_replay(
+        self: Broker, session: Session, request: ReplayRequest, filters: list[str]
+    ) -> None:
+        """Workers: history ends where the leader's high watermark is once our new routes are
+        in place. Until it answers, the replay covers everything (live messages on these
+        filters wait for it) and reads nothing; then its start offsets are computed again."""
+        catchup = session.catchup
+        if catchup is None:
+            return
+        for entry in catchup.filters:
+            if entry.topic_filter in filters:
+                entry.start = [0] * len(entry.start)
+        catchup.syncing += 1
+
+        def synced() -> None:
+            catchup.syncing -= 1
+            try:
+                start = start_offsets(request, self.persistence)  # type: ignore[arg-type]
+            except ReplayError:  # checked at SUBSCRIBE; the log cannot shrink its partitions
+                start = list(self.persistence.high_watermark)  # type: ignore[union-attr]
+            for entry in catchup.filters:
+                if entry.topic_filter in filters:
+                    entry.start = list(start)
+            session.pump(self.loop.time())
+
+        self.mesh.sync(synced)  # type: ignore[union-attr]
+
+    def _keep_retained(self: Broker, message: Message, done: Callable[[], None] | None) -> None:
+        """Store the retained message of ``message.topic`` durably (clear it if the payload
+        is empty), then ``done``: here, or at the leader when this worker is not it."""
+        if self.router.keeps_retained:
+            self.keeper.retained(message.topic, message if message.payload else None, done)
+        else:
+            self.mesh.store_retained(message, done)  # type: ignore[union-attr]
+
+    def store_retained(self: Broker, message: Message, done: Callable[[], None]) -> None:
+        """Leader: a peer's retained publish (already routed by the peer)."""
+        stored = message if message.payload else None
+        self.router.retained.set(message.topic, stored)
+        self.keeper.retained(message.topic, stored, done)
+
+    def retained_matching(self: Broker, topic_filter: str) -> list[Message]:
+        """Leader: the retained messages ``topic_filter`` matches, dropping expired ones."""
+        now = self.loop.time()
+        found = []
+        for message in self.router.retained_for(topic_filter):
+            if message.expired(now):
+                self.router.retained.set(message.topic, None)
+                self.keeper.retained(message.topic, None)
+            else:
+                found.append(message)
+        return found
+
+    def append_for_peer(self: Broker, message: Message, client_id: str,
+                        reply: Callable[..., None]) -> None:
+        """Leader: persist a peer's publish, route it once durable, then answer the peer."""
+        persistence = self.persistence
+        if persistence is None or not persistence.routes_locally:
+            return reply(ReasonCode.UNSPECIFIED_ERROR)
+
+        def durable(outcome: object) -> None:
+            if isinstance(outcome, BaseException):
+                log.error("commit log append failed topic=%r error=%r", message.topic,
+                          str(outcome))
+                return reply(ReasonCode.UNSPECIFIED_ERROR)
+            partition, offset = outcome  # type: ignore[misc]
+            message.set_position(partition, offset)
+            persistence.routed(partition, offset)
+            receivers = self.router.publish(message, self.loop.time())
+            if message.retain:
+                self.keeper.retained(message.topic, message if message.payload else None,
+                                     partial(reply, 0, partition, offset, receivers))
+            else:
+                reply(0, partition, offset, receivers)
+
+        if not persistence.append(message, client_id, durable):
+            reply(ReasonCode.QUOTA_EXCEEDED)
+
+    def release_session(self: Broker, client_id: str, clean_start: bool) -> Session | None:
+        """A peer claims ``client_id``: disconnect its client here (0x8E) and hand the session
+        over (removed from here), or end it if the new connection starts clean."""
+        session = self.sessions.get(client_id)
+        if session is not None and session.client is not None:
+            self._take_over(session.client)  # type: ignore[arg-type]
+            session = self.sessions.get(client_id)
+        if session is None:
+            return None
+        if clean_start:
+            self._end_session(session, self.loop.time())
+            return None
+        self.discard_session(session)
+        return session
+
+    def discard_session(self: Broker, session: Session) -> None:
+        """Remove a session from this worker without a will or redistribution (it lives on
+        elsewhere)."""
+        if session.client is not None:
+            self._take_over(session.client)  # type: ignore[arg-type]
+        self._cancel_timers(session)
+        session.will = None
+        for topic_filter in list(session.subscriptions):
+            subscription = session.subscriptions[topic_filter]
+            self.router.unsubscribe(session, topic_filter)
+            session.subscriptions[topic_filter] = subscription  # still part of the export
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+            self.keeper.ended(session)
