@@ -58,6 +58,7 @@ from meshmq.cluster.remotelog import Appended, LeaderUnavailable, RemoteLog
 from meshmq.cluster.spec import LEADER, WorkerSpec
 from meshmq.cluster.transfer import (
     export_session,
+    forward_body,
     from_wire,
     install_session,
     read_session,
@@ -373,7 +374,7 @@ class Mesh:
                     targets.setdefault(chosen, []).append(key)
         forwarded = 0
         if targets:
-            body = encode_message(to_wire(message, now))
+            body = forward_body(message, now)
             links = self.links
             for peer, groups in targets.items():
                 link = links.get(peer)

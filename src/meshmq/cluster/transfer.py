@@ -25,6 +25,7 @@ from meshmq.cluster.codec import (
     WireMessage,
     decode_message,
     encode_message,
+    encode_message_fields,
     messages_blob,
 )
 from meshmq.mqtt.codec import decode_properties
@@ -40,6 +41,15 @@ def to_wire(message: Message, now: float, positioned: bool = True) -> WireMessag
         message.wire_properties(now), message.sender or "",
         message.position if positioned else None,
     )
+
+
+def forward_body(message: Message, now: float) -> bytes:
+    """``encode_message(to_wire(message, now))`` without the intermediate object."""
+    sender = message.sender
+    return encode_message_fields(
+        message.topic_bytes, message.payload, message.qos, message.retain,
+        message.wire_properties(now), sender.encode("utf-8") if sender else b"",
+        message.position)
 
 
 def from_wire(wire: WireMessage, now: float) -> Message:
