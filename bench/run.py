@@ -25,7 +25,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from meshbench import BenchError, profiling, report
+from meshbench import BenchError, profiling, report, run_command, validation_status
 from meshbench.brokers import ensure_mosquitto, mosquitto_version
 from meshbench.build import build_loadgen
 from meshbench.runner import Context, run_one
@@ -179,17 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     report.plot(png_path, rows, f"meshmq vs Mosquitto, {stamp} UTC"
                 f"{' (quick)' if args.quick else ''}")
     print(f"\nwrote {json_path} and {png_path}")
-    failed = [(s, b) for s, runs in results.items() for b, rs in runs.items()
-              if not all(r["ok"] for r in rs)]
-    if failed:
-        print(f"FAILED validation: {', '.join(f'{s}/{b}' for s, b in failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return validation_status([f"{s}/{b}" for s, runs in results.items()
+                              for b, rs in runs.items() if not all(r["ok"] for r in rs)])
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (BenchError, ValueError) as exc:
-        print(f"bench: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_command(main, "bench")

@@ -25,7 +25,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from meshbench import BenchError, linkcost, workers
+from meshbench import BenchError, linkcost, run_command, validation_status, workers
 from meshbench.build import build_loadgen
 from meshbench.report import write_json
 from meshbench.runner import Context
@@ -135,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                     outcome = workers.run_scaling(load, count, ctx, pin=not args.no_pin)
                     scaling.setdefault(load.name, {}).setdefault(count, []).append(outcome)
                     f: dict[str, float] = outcome["figures"]  # type: ignore[assignment]
-                    status = "ok" if outcome["ok"] else "FAILED: " + "; ".join(
-                        outcome["problems"])  # type: ignore[arg-type]
+                    status = run_status(outcome)
                     print(f"  {load.name:<11} workers={count} {f.get('rate', 0):>9,.0f} msg/s "
                           f"{f.get('broker_us_per_msg', 0):6.2f} us/msg broker CPU "
                           f"{f.get('broker_cpu_pct', 0):4.0f}% loadgen "
@@ -152,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     cpus=None if args.no_pin else workers.cpus_for(case.workers))
                 link.setdefault(case.name, []).append(outcome)
                 f = outcome["figures"]  # type: ignore[assignment]
-                status = "ok" if outcome["ok"] else "FAILED: " + "; ".join(
-                    outcome["problems"])  # type: ignore[arg-type]
+                status = run_status(outcome)
                 print(f"  link {case.name:<10} {f['rate']:>9,.0f} msg/s "
                       f"{f['broker_us_per_msg']:6.2f} us/msg (worker 0 "
                       f"{f.get('worker0_us_per_msg', 0):.2f}, worker 1 "
@@ -206,15 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = [f"{name}/w={w}" for name, by in scaling.items() for w, runs in by.items()
               if not all(r["ok"] for r in runs)]
     failed += [f"link/{name}" for name, runs in link.items() if not all(r["ok"] for r in runs)]
-    if failed:
-        print(f"FAILED validation: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return validation_status(failed)
+
+
+def run_status(outcome: dict[str, object]) -> str:
+    """``ok``, or ``FAILED:`` and what failed, for a run's progress line."""
+    return "ok" if outcome["ok"] else "FAILED: " + "; ".join(outcome["problems"])  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (BenchError, ValueError) as exc:
-        print(f"workers bench: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_command(main, "workers bench")

@@ -15,6 +15,29 @@
   connection.
 """
 
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
 
 class BenchError(Exception):
     """The benchmark cannot run (missing tool, broker that does not start, ...): one line."""
+
+
+def validation_status(failed: list[str]) -> int:
+    """A command's exit status from its runs that failed validation (named on stderr)."""
+    if failed:
+        print(f"FAILED validation: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_command(main: Callable[[], int], name: str) -> NoReturn:
+    """Exit with ``main()``'s status; a ``BenchError`` or ``ValueError`` is one line, status 2."""
+    try:
+        sys.exit(main())
+    except (BenchError, ValueError) as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -537,4 +537,6 @@ def test_a_stopped_worker_does_not_hold_back_connects_and_subscribes_elsewhere(
             pytest.fail("no connection landed on worker 0")
     finally:
         os.kill(pids[1], signal.SIGCONT)
-    assert "claim unanswered" in workers.log() and "route barrier unanswered" in workers.log()
+    text = workers.log()
+    assert "claim of client_id=while-stopped unanswered" in text
+    assert "route barrier unanswered" in text

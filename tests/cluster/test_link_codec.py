@@ -36,7 +36,7 @@ from meshmq.cluster.codec import (
     parse_forward,
     read_messages,
 )
-from meshmq.cluster.transfer import from_wire, to_wire
+from meshmq.cluster.transfer import from_wire, message_body, to_wire
 from meshmq.mqtt.codec import decode_properties, encode_properties
 from meshmq.mqtt.properties import PacketKind, Properties, PropertyId
 
@@ -697,6 +697,9 @@ def test_transfer_round_trip(topic: str, payload: bytes, qos: int, retain: bool,
         message.set_position(*position)
     if delivered:
         message.encoded_properties()  # a 5.0 delivery already built the position properties
+    for positioned in (True, False):  # the encoder the mesh uses is the same bytes
+        assert message_body(message, 0.0, positioned) == encode_message(
+            to_wire(message, 0.0, positioned))
     received = _hop(message, 0.0, 0.0)
     assert (received.topic, received.payload, received.qos, received.retain,
             received.sender, received.position) == (topic, payload, qos, retain, sender,

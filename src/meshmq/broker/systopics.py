@@ -40,7 +40,11 @@ TOPICS = {
 
 def local_counts(broker: Broker) -> dict[str, int]:
     """This process's share of the node's counters."""
-    connected = sum(1 for s in broker.sessions.values() if s.client is not None)
+    connected = dropped = subscriptions = 0
+    for session in broker.sessions.values():  # one pass per interval
+        connected += session.client is not None
+        dropped += session.dropped
+        subscriptions += len(session.subscriptions)
     mesh = broker.mesh
     return {
         "clients_connected": connected,
@@ -48,8 +52,8 @@ def local_counts(broker: Broker) -> dict[str, int]:
         "clients_total": len(broker.sessions),
         "messages_received": broker.router.routed,
         "messages_sent": broker.router.delivered,
-        "messages_dropped": sum(s.dropped for s in broker.sessions.values()),
-        "subscriptions": sum(len(s.subscriptions) for s in broker.sessions.values()),
+        "messages_dropped": dropped,
+        "subscriptions": subscriptions,
         "retained": len(broker.router.retained) if broker.router.keeps_retained else 0,
         "forwarded": mesh.counters["forwarded"] if mesh is not None else 0,
     }

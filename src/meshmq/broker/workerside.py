@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 from meshmq.broker.message import Message
 from meshmq.broker.replay import ReplayError, ReplayRequest, start_offsets
+from meshmq.cluster.mesh import Mesh
+from meshmq.cluster.remotelog import RemoteLog
 from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -45,13 +47,9 @@ class WorkerSide:
         worker = self.worker
         if worker is None or worker.count == 1:
             return
-        from meshmq.cluster.mesh import Mesh
-
         self.mesh = Mesh(self, worker)
         await self.mesh.start()
         if self.config.log.enabled and not worker.is_leader:
-            from meshmq.cluster.remotelog import RemoteLog
-
             self.persistence = RemoteLog(self.config.log, self.config.server.data_dir,
                                          self.mesh, self.mesh.leader_high)
 
@@ -62,31 +60,31 @@ class WorkerSide:
         adopted = self.mesh.adopt(sessions) if sessions else []  # type: ignore[union-attr]
         for session in adopted:
             self._sync_catchup(session)
-        if client.gone:  # the new connection went away meanwhile: the session waits here
-            for session in adopted:
-                self._start_expiry(session)
-                self.keeper.detached(session)
-            return
-        if any(session.subscriptions for session in adopted):
+        if not client.gone and any(session.subscriptions for session in adopted):
             # CONNACK once the peers route the moved subscriptions here.
-            self.mesh.barrier(partial(self._connect_claimed, client, packet))  # type: ignore[union-attr]
+            self.mesh.barrier(partial(self._connect_claimed, client, packet, adopted))  # type: ignore[union-attr]
             return
-        self._connect_claimed(client, packet)
+        self._connect_claimed(client, packet, adopted)
 
-    def _connect_claimed(self: Broker, client: ClientProtocol, packet: Connect) -> None:
-        if client.gone:
-            session = self.sessions.get(packet.client_id)
-            if session is not None and session.client is None:
-                self._start_expiry(session)
-                self.keeper.detached(session)
+    def _connect_claimed(
+        self: Broker, client: ClientProtocol, packet: Connect, adopted: list[Session]
+    ) -> None:
+        if client.gone:  # the new connection went away meanwhile: what it adopted waits here
+            for session in adopted:
+                if session.client is None and session.expiry_handle is None:
+                    self._start_expiry(session)
+                    self.keeper.detached(session)
             return
         self._accept_connect(client, packet)
         client.release()
 
-    def _sync_catchup(self: Broker, session: Session) -> None:
-        """Workers: a session handed over with a log cursor reads up to the leader's high
-        watermark as of after its routes moved here (records routed while they moved went
-        to neither worker live; remotelog.py)."""
+    def _sync_catchup(
+        self: Broker, session: Session, then: Callable[[], None] | None = None
+    ) -> None:
+        """Workers: a session's log cursor reads up to the leader's high watermark as of
+        after its routes are in place here (a session handed over: records routed while its
+        routes moved went to neither worker live; remotelog.py). Until the leader answers the
+        cursor reads nothing; ``then`` runs before it reads again."""
         catchup = session.catchup
         if catchup is None or self.persistence is None or self.persistence.routes_locally:
             return
@@ -94,6 +92,8 @@ class WorkerSide:
 
         def synced() -> None:
             catchup.syncing -= 1
+            if then is not None:
+                then()
             session.pump(self.loop.time())
 
         self.mesh.sync(synced)  # type: ignore[union-attr]
@@ -104,26 +104,21 @@ class WorkerSide:
         """Workers: history ends where the leader's high watermark is once our new routes are
         in place. Until it answers, the replay covers everything (live messages on these
         filters wait for it) and reads nothing; then its start offsets are computed again."""
-        catchup = session.catchup
-        if catchup is None:
+        if session.catchup is None:
             return
-        for entry in catchup.filters:
-            if entry.topic_filter in filters:
-                entry.start = [0] * len(entry.start)
-        catchup.syncing += 1
+        entries = [e for e in session.catchup.filters if e.topic_filter in filters]
+        for entry in entries:
+            entry.start = [0] * len(entry.start)
 
-        def synced() -> None:
-            catchup.syncing -= 1
+        def restart() -> None:
             try:
                 start = start_offsets(request, self.persistence)  # type: ignore[arg-type]
             except ReplayError:  # checked at SUBSCRIBE; the log cannot shrink its partitions
                 start = list(self.persistence.high_watermark)  # type: ignore[union-attr]
-            for entry in catchup.filters:
-                if entry.topic_filter in filters:
-                    entry.start = list(start)
-            session.pump(self.loop.time())
+            for entry in entries:
+                entry.start = list(start)
 
-        self.mesh.sync(synced)  # type: ignore[union-attr]
+        self._sync_catchup(session, restart)
 
     def _keep_retained(self: Broker, message: Message, done: Callable[[], None] | None) -> None:
         """Store the retained message of ``message.topic`` durably (clear it if the payload
@@ -198,10 +193,10 @@ class WorkerSide:
             self._take_over(session.client)  # type: ignore[arg-type]
         self._cancel_timers(session)
         session.will = None
-        for topic_filter in list(session.subscriptions):
-            subscription = session.subscriptions[topic_filter]
+        subscriptions = dict(session.subscriptions)
+        for topic_filter in subscriptions:
             self.router.unsubscribe(session, topic_filter)
-            session.subscriptions[topic_filter] = subscription  # still part of the export
+        session.subscriptions = subscriptions  # still part of what is handed over
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
             self.keeper.ended(session)

@@ -49,7 +49,6 @@ from meshmq.cluster.codec import (
     Reader,
     Writer,
     decode_message,
-    encode_message,
     forward_frame,
     parse_forward,
 )
@@ -58,11 +57,10 @@ from meshmq.cluster.remotelog import Appended, LeaderUnavailable, RemoteLog
 from meshmq.cluster.spec import LEADER, WorkerSpec
 from meshmq.cluster.transfer import (
     export_session,
-    forward_body,
     from_wire,
     install_session,
+    message_body,
     read_session,
-    to_wire,
 )
 from meshmq.mqtt.reason_codes import ReasonCode
 
@@ -75,8 +73,8 @@ log = logging.getLogger("meshmq.mesh")
 LOCAL = -1  # "this worker" among the candidates of a shared group
 LINK_TIMEOUT = 60.0  # seconds to link to every peer at start-up
 CLAIM_RETRY_SECONDS = 0.02
-CLAIM_TIMEOUT = 3.0  # a peer that does not answer a claim or barrier (stopped, stuck) is
-# passed over after this many seconds
+ANSWER_TIMEOUT = 3.0  # seconds before a peer that does not answer a claim or a barrier
+# (stopped, stuck) is passed over
 REDIAL_MAX_SECONDS = 1.0
 
 CLAIM_NONE, CLAIM_SESSION, CLAIM_RETRY = 0, 1, 2
@@ -112,7 +110,7 @@ class Mesh:
         self.closing = False
         self.leader_high: list[int] = []  # the leader's high watermark in its HELLO
         self.peer_statistics: dict[int, dict[str, int]] = {}
-        self.counters = {"forwarded": 0, "received": 0, "backpressure": 0}
+        self.counters = {"forwarded": 0, "backpressure": 0}
         self._backpressure_logged = -1e9
         self._handlers: dict[int, Callable[[Link, bytes], None]] = {
             FrameType.ROUTES: self._on_routes,
@@ -374,7 +372,7 @@ class Mesh:
                     targets.setdefault(chosen, []).append(key)
         forwarded = 0
         if targets:
-            body = forward_body(message, now)
+            body = message_body(message, now)
             links = self.links
             for peer, groups in targets.items():
                 link = links.get(peer)
@@ -391,7 +389,7 @@ class Mesh:
             return 0
         turn = self._turn.get(key, 0)
         self._turn[key] = turn + 1
-        body = encode_message(to_wire(message, now))
+        body = message_body(message, now)
         self.links[peers[turn % len(peers)]].send(forward_frame([key], body))
         return 1
 
@@ -399,7 +397,6 @@ class Mesh:
         groups, wire = parse_forward(body)
         now = self.loop.time()
         message = from_wire(wire, now)
-        self.counters["received"] += 1
         persistence = self.broker.persistence
         if wire.position is not None and isinstance(persistence, RemoteLog):
             persistence.routed(*wire.position)
@@ -441,7 +438,7 @@ class Mesh:
                 ReasonCode.UNSPECIFIED_ERROR, "no link to the leader"))
             return
         link, request_id = sent
-        body = encode_message(to_wire(message, self.loop.time()))
+        body = message_body(message, self.loop.time())
         link.send(_with_body(Writer().u64(request_id).text(client_id), FrameType.APPEND, body))
 
     def store_retained(self, message: Message, done: Callable[[], None] | None) -> None:
@@ -461,7 +458,7 @@ class Mesh:
                 self.loop.call_soon(done)
             return
         link, request_id = sent
-        body = encode_message(to_wire(message, self.loop.time(), positioned=False))
+        body = message_body(message, self.loop.time(), positioned=False)
         link.send(_with_body(Writer().u64(request_id), FrameType.RETAIN, body))
 
     def query_retained(self, filters: list[str],
@@ -507,37 +504,51 @@ class Mesh:
         link, request_id = sent
         link.send(Writer().u64(request_id).frame(FrameType.SYNC))
 
-    def barrier(self, done: Callable[[], None]) -> None:
-        """Call ``done`` once every linked peer has applied our route changes so far: a
-        SUBACK sent after it means a publish on any worker reaches the new subscription."""
-        waiting = [0]
-        finished = [False]
+    def _ask_all(self, frame: Callable[[int], bytes],
+                 on_answer: Callable[[Reader | None, bool], None], done: Callable[[], None],
+                 what: str) -> None:
+        """Send ``frame(request_id)`` to every linked peer and call ``done`` once all have
+        answered, or after ``ANSWER_TIMEOUT``: a stopped or stuck peer must not hold the
+        caller back. ``on_answer(reader, late)`` sees every answer (None: the link dropped;
+        ``late``: it came after ``done``)."""
+        waiting = 0
+        finished = False
 
         def finish() -> None:
-            if not finished[0]:
-                finished[0] = True
+            nonlocal finished
+            if not finished:
+                finished = True
                 timer.cancel()
                 done()
 
         def answer(reader: Reader | None) -> None:
-            waiting[0] -= 1
-            if waiting[0] == 0:
-                finish()
+            nonlocal waiting
+            on_answer(reader, finished)
+            if not finished:
+                waiting -= 1
+                if waiting == 0:
+                    finish()
 
-        def timed_out() -> None:  # a stopped peer must not hold every SUBACK back
-            log.warning("route barrier unanswered after %.0f s, going on waiting=%d",
-                        CLAIM_TIMEOUT, waiting[0])
+        def timed_out() -> None:
+            log.warning("%s unanswered after %.0f s, going on without it waiting=%d", what,
+                        ANSWER_TIMEOUT, waiting)
             finish()
 
-        timer = self.loop.call_later(CLAIM_TIMEOUT, timed_out)
+        timer = self.loop.call_later(ANSWER_TIMEOUT, timed_out)
         for peer in list(self.links):
             sent = self._request(peer, answer)  # flushes the pending route changes first
             if sent is not None:
                 link, request_id = sent
-                waiting[0] += 1
-                link.send(Writer().u64(request_id).frame(FrameType.BARRIER))
-        if not waiting[0]:
+                waiting += 1
+                link.send(frame(request_id))
+        if not waiting:
             self.loop.call_soon(finish)
+
+    def barrier(self, done: Callable[[], None]) -> None:
+        """Call ``done`` once every linked peer has applied our route changes so far: a
+        SUBACK sent after it means a publish on any worker reaches the new subscription."""
+        self._ask_all(lambda request_id: Writer().u64(request_id).frame(FrameType.BARRIER),
+                      lambda reader, late: None, done, "route barrier")
 
     def _on_barrier(self, link: Link, body: bytes) -> None:
         reader = Reader(body)
@@ -549,60 +560,36 @@ class Mesh:
               done: Callable[[list[bytes]], None]) -> None:
         """Ask every peer for ``client_id``'s session; ``done`` gets those handed over."""
         self._claiming.add(client_id)
-        sessions: list[bytes] = []
-        self._claim_round(client_id, clean_start, sessions, done)
+        self._claim_round(client_id, clean_start, [], done)
 
     def _claim_round(self, client_id: str, clean_start: bool, sessions: list[bytes],
                      done: Callable[[list[bytes]], None]) -> None:
-        waiting = [0]
-        retry = [False]
-        finished = [False]
+        retry = False
 
-        def finish() -> None:
-            if finished[0]:
+        def on_answer(reader: Reader | None, late: bool) -> None:
+            nonlocal retry
+            if reader is None:
                 return
-            finished[0] = True
-            timer.cancel()
-            if retry[0] and not self.closing:
+            status, blob = reader.u8(), reader.blob()
+            if status == CLAIM_RETRY:
+                retry = True
+            elif status == CLAIM_SESSION and late:  # the connection went on without it
+                log.warning("session handed over after the claim timed out, dropped "
+                            "client_id=%s", client_id)
+            elif status == CLAIM_SESSION:
+                sessions.append(blob)
+
+        def answered() -> None:
+            if retry and not self.closing:
                 self.loop.call_later(CLAIM_RETRY_SECONDS, self._claim_round, client_id,
                                      clean_start, sessions, done)
                 return
             self._claiming.discard(client_id)
             done(sessions)
 
-        def answer(reader: Reader | None) -> None:
-            status = CLAIM_NONE
-            if reader is not None:
-                status, blob = reader.u8(), reader.blob()
-                if status == CLAIM_RETRY:
-                    retry[0] = True
-            if finished[0]:  # after the timeout: the connection went on without it
-                if status == CLAIM_SESSION:
-                    log.warning("session handed over after the claim timed out, dropped "
-                                "client_id=%s", client_id)
-                return
-            if status == CLAIM_SESSION:
-                sessions.append(blob)
-            waiting[0] -= 1
-            if waiting[0] == 0:
-                finish()
-
-        def timed_out() -> None:
-            log.warning("claim unanswered after %.0f s, connecting without it client_id=%s "
-                        "waiting=%d", CLAIM_TIMEOUT, client_id, waiting[0])
-            finish()
-
-        timer = self.loop.call_later(CLAIM_TIMEOUT, timed_out)
-        for peer in list(self.links):
-            sent = self._request(peer, answer)
-            if sent is None:
-                continue
-            link, request_id = sent
-            waiting[0] += 1
-            link.send(Writer().u64(request_id).text(client_id).u8(clean_start)
-                      .frame(FrameType.CLAIM))
-        if not waiting[0]:
-            self.loop.call_soon(finish)
+        self._ask_all(
+            lambda request_id: Writer().u64(request_id).text(client_id).u8(clean_start)
+            .frame(FrameType.CLAIM), on_answer, answered, f"claim of client_id={client_id}")
 
     # ------------------------------------------------------------------ serving peers
 
@@ -634,7 +621,7 @@ class Mesh:
                  for message in self.broker.retained_matching(topic_filter)]
         writer.u32(len(found))
         for index, message in found:
-            writer.u16(index).blob(encode_message(to_wire(message, now)))
+            writer.u16(index).blob(message_body(message, now))
         link.send(writer.frame(FrameType.RETAINED))
 
     def _on_sync(self, link: Link, body: bytes) -> None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from meshmq.broker.message import Message
 from meshmq.broker.persistence import Completion, LogAccess
 from meshmq.config import LogSettings
+from meshmq.log.view import LogView
 
 if TYPE_CHECKING:
     from meshmq.cluster.mesh import Mesh
@@ -59,8 +60,6 @@ class RemoteLog(LogAccess):
                  high_watermark: list[int]) -> None:
         super().__init__(settings)
         self.mesh = mesh
-        from meshmq.log.view import LogView
-
         self.commit_log = LogView(data_dir)
         self.high_watermark = list(high_watermark)
 

@@ -24,7 +24,6 @@ from meshmq.cluster.codec import (
     Reader,
     WireMessage,
     decode_message,
-    encode_message,
     encode_message_fields,
     messages_blob,
 )
@@ -43,13 +42,14 @@ def to_wire(message: Message, now: float, positioned: bool = True) -> WireMessag
     )
 
 
-def forward_body(message: Message, now: float) -> bytes:
-    """``encode_message(to_wire(message, now))`` without the intermediate object."""
+def message_body(message: Message, now: float, positioned: bool = True) -> bytes:
+    """``encode_message(to_wire(message, now, positioned))`` without the intermediate object
+    (every message a worker sends is encoded here)."""
     sender = message.sender
     return encode_message_fields(
         message.topic_bytes, message.payload, message.qos, message.retain,
         message.wire_properties(now), sender.encode("utf-8") if sender else b"",
-        message.position)
+        message.position if positioned else None)
 
 
 def from_wire(wire: WireMessage, now: float) -> Message:
@@ -77,7 +77,7 @@ def export_session(session: Session, now: float) -> bytes:
     messages: list[bytes] = []
 
     def ref(message: Message) -> int:
-        messages.append(encode_message(to_wire(message, now)))
+        messages.append(message_body(message, now))
         return len(messages) - 1
 
     catchup = session.catchup
