@@ -369,6 +369,20 @@ def read_stats(body: bytes) -> object:
     return names, values
 
 
+def read_deliver(body: bytes) -> object:
+    reader = Reader(body)
+    values = (reader.text(), reader.u8(), reader.u8(), reader.offsets(), reader.text(),
+              reader.text())
+    return (*values, decode_message(body, reader.pos))
+
+
+def read_settled(body: bytes) -> object:
+    reader = Reader(body)
+    value = reader.text()
+    reader.end()
+    return value
+
+
 def _with_message(writer: Writer, body: bytes) -> Writer:
     writer.parts.append(body)
     return writer
@@ -417,13 +431,20 @@ CASES: dict[FrameType, tuple[bytes, Callable[[bytes], object], object, bool]] = 
         read_stats, (["a", "b"], [1, 2]), True),
     FrameType.BARRIER: (Writer().u64(16).frame(FrameType.BARRIER), read_sync, 16, False),
     FrameType.BARRIER_DONE: (
-        Writer().u64(17).frame(FrameType.BARRIER_DONE), read_sync, 17, False),
+        Writer().u64(17).offsets([5]).frame(FrameType.BARRIER_DONE), read_synced, (17, [5]),
+        False),
+    FrameType.DELIVER: (
+        _with_message(Writer().text("c-é").u8(1).u8(1).offsets([7]).text("g").text("t/#"),
+                      MESSAGE_BODY).frame(FrameType.DELIVER),
+        read_deliver, ("c-é", 1, 1, [7], "g", "t/#", MESSAGE), False),
+    FrameType.SETTLED: (
+        Writer().text("c-1").frame(FrameType.SETTLED), read_settled, "c-1", True),
 }
 
 
 def test_every_frame_type_has_a_case() -> None:
-    assert set(CASES) == set(FrameType) == set(range(1, 16))
-    assert set(range(1, 16)) == KNOWN_TYPES
+    assert set(CASES) == set(FrameType) == set(range(1, 18))
+    assert set(range(1, 18)) == KNOWN_TYPES
 
 
 @pytest.mark.parametrize("frame_type", list(FrameType), ids=lambda t: t.name)

@@ -45,6 +45,7 @@ from meshmq.broker.replay import (
     parse_replay,
     start_offsets,
 )
+from meshmq.broker.retainwindow import RetainedWindow
 from meshmq.broker.router import Router
 from meshmq.broker.session import Session, Subscription
 from meshmq.broker.systopics import SysTopics
@@ -588,11 +589,16 @@ class Broker(WorkerSide):
         if replayed and request is not None and not self.persistence.routes_locally:  # type: ignore[union-attr]
             self._sync_replay(session, request, replayed)
 
+        self._open_retained(session, retained)  # live retained publishes from now on
+
         def stored() -> None:  # SUBACK once a persistent session's subscriptions are on disk
             if client.gone:
+                if retained:
+                    self._retained_answered(session, retained, None)
                 return
             client.conn.send_suback(packet.packet_id, codes)
-            self._send_retained(session, retained)
+            if retained:
+                self._send_retained(session, retained)
             if replay is not None:
                 session.pump(self.loop.time())
             client.wake()
@@ -629,20 +635,51 @@ class Broker(WorkerSide):
                  session.client_id, topic_filter, limit)
         return True
 
-    def _send_retained(self, session: Session, retained: list[tuple[str, Subscription]]) -> None:
+    @staticmethod
+    def _open_retained(session: Session, retained: list[tuple[str, Subscription]]) -> None:
+        """Subscriptions asking for retained messages are installed: open the session's
+        window on live retained publishes until their lookup is answered."""
         if not retained:
             return
-        if not self.router.keeps_retained:  # workers: the leader has them
-            def answer(found: list[list[Message]]) -> None:
-                if session.client is not None or session.expiry_interval:
-                    self._deliver_retained(session, retained, found)
-                    if session.client is not None:
-                        session.client.wake()
+        window = session.retained_window
+        if window is None:
+            window = session.retained_window = RetainedWindow()
+        window.open(plain for plain, _ in retained)
 
-            self.mesh.query_retained([plain for plain, _ in retained], answer)  # type: ignore[union-attr]
+    def _send_retained(self, session: Session, retained: list[tuple[str, Subscription]]) -> None:
+        """Look the retained messages up (here, or at the leader with workers): after the
+        SUBACK, so that every peer routes to the new subscription and a retained publish
+        stored after the lookup reaches it live."""
+        if self.router.keeps_retained:
+            found = [self.retained_matching(plain) for plain, _ in retained]
+            self._retained_answered(session, retained, found)
             return
-        found = [self.retained_matching(plain) for plain, _ in retained]
-        self._deliver_retained(session, retained, found)
+
+        def answer(found: list[list[Message]]) -> None:
+            self._retained_answered(session, retained, found)
+            if session.client is not None:
+                session.client.wake()
+
+        self.mesh.query_retained([plain for plain, _ in retained], answer)  # type: ignore[union-attr]
+
+    def _retained_answered(self, session: Session, retained: list[tuple[str, Subscription]],
+                           found: list[list[Message]] | None) -> None:
+        """Deliver the copies no live publish overtook (None: nobody to deliver them to), then
+        close the window once nothing sent before them can still arrive."""
+        window = session.retained_window
+        assert window is not None
+        copies = window.copies(found or [[] for _ in retained])
+        if found is not None and (session.client is not None or session.expiry_interval):
+            self._deliver_retained(session, retained, copies)
+
+        def settled() -> None:
+            if window.close() and session.retained_window is window:
+                session.retained_window = None
+
+        if self.mesh is not None and self.mesh.links and any(copies):
+            self.mesh.barrier(settled)  # a live duplicate from a peer lands before its answer
+        else:
+            settled()
 
     def _deliver_retained(self, session: Session, retained: list[tuple[str, Subscription]],
                           found: list[list[Message]]) -> None:
@@ -652,7 +689,7 @@ class Broker(WorkerSide):
             for message in messages:
                 qos = min(message.qos, subscription.options.qos)
                 # MQTT-3.3.1-8: retain flag set; a copy, as it is not a live log record
-                session.deliver(message.unpositioned(), qos, True, ids, now)
+                session.deliver_copy(message.unpositioned(), qos, ids, now)
 
     def on_unsubscribe(self, client: ClientProtocol, packet: Unsubscribe) -> None:
         codes = []

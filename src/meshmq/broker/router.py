@@ -99,6 +99,7 @@ class Router:
         self.mesh: Mesh | None = None
         self.route_listener: RouteListener | None = None
         self.keeps_retained = True
+        self.forwarded_in = False  # routing a message another router forwarded
 
     # ------------------------------------------------------------------ subscriptions
 
@@ -177,11 +178,13 @@ class Router:
     ) -> int:
         """A message another router routed: our plain subscribers, and one member of each
         shared group in ``groups`` (the sender chose us for those)."""
+        self.forwarded_in = True  # for sessions that moved on (cluster/moving.py)
         count = self._deliver_plain(message, now)
         for key in groups:
             group = self.shared.get(key[1], key[0])
             if group is not None:
                 count += self._deliver_to_group(key, group, message, message.qos, now, None)
+        self.forwarded_in = False
         if not message.topic.startswith(SYS_PREFIX):  # $SYS counts only client traffic
             self.delivered += count
         return count

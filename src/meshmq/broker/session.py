@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from meshmq.broker.catchup import CatchUp
 from meshmq.broker.message import Message
+from meshmq.broker.retainwindow import RetainedWindow
 from meshmq.mqtt.codec import encode_properties, encode_publish
 from meshmq.mqtt.packets import MQTT_5, SubscriptionOptions, Will
 from meshmq.mqtt.properties import PropertyId
@@ -106,6 +107,7 @@ class Session:
         "catchup",
         "client",
         "client_id",
+        "connecting",
         "detached_at",
         "dropped",
         "expiry_handle",
@@ -118,6 +120,7 @@ class Session:
         "qos2_pending",
         "queue",
         "queued_bytes",
+        "retained_window",
         "slots_freed",
         "subscriptions",
         "username",
@@ -148,6 +151,8 @@ class Session:
         self.persistence: Persistence | None = None  # the commit log, when persistence is on
         self.catchup: CatchUp | None = None  # reading persisted messages from the log
         self.detached_at: int | None = None  # wall clock ms when it went offline
+        self.retained_window: RetainedWindow | None = None  # retained lookups in progress
+        self.connecting = False  # a connection is being accepted for it: QoS 0 waits too
 
     # ------------------------------------------------------------------ delivery
 
@@ -158,6 +163,9 @@ class Session:
         """Send or queue one message for this session (``group``: via that shared group)."""
         if self.may_receive is not None and not self.may_receive(message.topic):
             return  # ACL: this client may not read that topic
+        if message.retain and self.retained_window is not None \
+                and self.retained_window.live(message):
+            return  # already delivered as a retained copy (retainwindow.py)
         catchup = self.catchup
         if catchup is not None:
             if (group is None and message.position is not None
@@ -175,13 +183,20 @@ class Session:
                     return
         self._deliver(message, qos, retain, subscription_ids, now, group, False)
 
+    def deliver_copy(self, message: Message, qos: int, subscription_ids: list[int] | None,
+                     now: float) -> None:
+        """Send or queue a retained copy for a new subscription (MQTT-3.3.1-8: retain set)."""
+        if self.may_receive is not None and not self.may_receive(message.topic):
+            return
+        self._deliver(message, qos, True, subscription_ids, now, None, False)
+
     def _deliver(
         self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None,
         now: float, group: SharedKey | None, dup: bool,
     ) -> None:
         client = self.client
         if client is None:
-            if qos or self.limits.queue_qos0:
+            if qos or self.limits.queue_qos0 or self.connecting:
                 self._enqueue((message, qos, retain, subscription_ids, group, dup))
             return
         if not qos:
@@ -461,6 +476,7 @@ class Session:
         """
         self.client = client
         self.detached_at = None
+        self.connecting = False
         for packet_id, outbound in self.inflight.items():
             outbound.sent = outbound.released
             if outbound.released:

@@ -57,12 +57,18 @@ class WorkerSide:
         self: Broker, client: ClientProtocol, packet: Connect, sessions: list[bytes]
     ) -> None:
         """Peers answered the claim (workers): adopt what they handed over, then connect."""
-        adopted = self.mesh.adopt(sessions) if sessions else []  # type: ignore[union-attr]
+        mesh = self.mesh
+        assert mesh is not None
+        mesh.drop_moved(packet.client_id)  # a stand-in left here is not a session
+        adopted = mesh.adopt(sessions) if sessions else []
         for session in adopted:
             self._sync_catchup(session)
+            session.connecting = not client.gone  # QoS 0 waits for the CONNACK, as on one worker
+        if adopted:
+            mesh.settle(packet.client_id)
         if not client.gone and any(session.subscriptions for session in adopted):
             # CONNACK once the peers route the moved subscriptions here.
-            self.mesh.barrier(partial(self._connect_claimed, client, packet, adopted))  # type: ignore[union-attr]
+            mesh.barrier(partial(self._connect_claimed, client, packet, adopted))
             return
         self._connect_claimed(client, packet, adopted)
 
@@ -71,6 +77,7 @@ class WorkerSide:
     ) -> None:
         if client.gone:  # the new connection went away meanwhile: what it adopted waits here
             for session in adopted:
+                session.connecting = False
                 if session.client is None and session.expiry_handle is None:
                     self._start_expiry(session)
                     self.keeper.detached(session)
@@ -173,7 +180,8 @@ class WorkerSide:
 
     def release_session(self: Broker, client_id: str, clean_start: bool) -> Session | None:
         """A peer claims ``client_id``: disconnect its client here (0x8E) and hand the session
-        over (removed from here), or end it if the new connection starts clean."""
+        over (removed from here; its routes stay until the mesh's stand-in for it is dropped),
+        or end it if the new connection starts clean."""
         session = self.sessions.get(client_id)
         if session is not None and session.client is not None:
             self._take_over(session.client)  # type: ignore[arg-type]
@@ -183,7 +191,11 @@ class WorkerSide:
         if clean_start:
             self._end_session(session, self.loop.time())
             return None
-        self.discard_session(session)
+        self._cancel_timers(session)  # its will and expiry go with it
+        session.will = None
+        if self.sessions.get(client_id) is session:
+            del self.sessions[client_id]  # the mesh puts a stand-in here (cluster/moving.py)
+            self.keeper.ended(session)
         return session
 
     def discard_session(self: Broker, session: Session) -> None:

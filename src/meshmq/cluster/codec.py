@@ -57,7 +57,9 @@ class FrameType(IntEnum):
     SYNCED = 12  # answer to SYNC
     STATS = 13  # a worker's counters, for the leader's $SYS totals
     BARRIER = 14  # request: answer once everything sent before is applied (routes)
-    BARRIER_DONE = 15  # answer to BARRIER
+    BARRIER_DONE = 15  # answer to BARRIER (from the leader: its high watermark)
+    DELIVER = 16  # a message for one session that moved to the receiver (cluster/moving.py)
+    SETTLED = 17  # a session handed over to the sender is in place: drop its stand-in
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)

@@ -39,6 +39,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.message import Message
@@ -53,6 +54,7 @@ from meshmq.cluster.codec import (
     parse_forward,
 )
 from meshmq.cluster.link import Link
+from meshmq.cluster.moving import SETTLE_TIMEOUT, MovedSession
 from meshmq.cluster.remotelog import Appended, LeaderUnavailable, RemoteLog
 from meshmq.cluster.spec import LEADER, WorkerSpec
 from meshmq.cluster.transfer import (
@@ -127,7 +129,11 @@ class Mesh:
             FrameType.SYNCED: self._on_answer,
             FrameType.BARRIER: self._on_barrier,
             FrameType.BARRIER_DONE: self._on_answer,
+            FrameType.DELIVER: self._on_deliver,
+            FrameType.SETTLED: self._on_settled,
         }
+        self._held: dict[str, list[tuple[Message, int, bool, list[int] | None,
+                                         RouteKey | None]]] = {}
         self.router.mesh = self
         self.router.route_listener = self._local_route
         self.router.keeps_retained = worker.is_leader
@@ -258,7 +264,10 @@ class Mesh:
             self._dial(peer)
 
     def _forget_peer(self, peer: int) -> None:
-        """The peer's routes go; its pending requests fail."""
+        """The peer's routes go; its pending requests fail; sessions moved to it are its."""
+        for client_id, stub in list(self.broker.sessions.items()):
+            if isinstance(stub, MovedSession) and stub.peer == peer:
+                self._drop_stand_in(client_id, stub)
         for group, topic_filter in self._peer_routes.pop(peer, set()):
             self._remove_remote(peer, group, topic_filter)
         self.peer_statistics.pop(peer, None)
@@ -546,15 +555,31 @@ class Mesh:
 
     def barrier(self, done: Callable[[], None]) -> None:
         """Call ``done`` once every linked peer has applied our route changes so far: a
-        SUBACK sent after it means a publish on any worker reaches the new subscription."""
+        SUBACK sent after it means a publish on any worker reaches the new subscription.
+
+        The leader answers with its high watermark as of then, which this worker's view takes
+        (remotelog.py): a log cursor started from the view after the barrier never reaches
+        back before the routes were in place, even for partitions nothing was forwarded from.
+        """
+        def on_answer(reader: Reader | None, late: bool) -> None:
+            if reader is None:
+                return
+            high = reader.offsets()
+            persistence = self.broker.persistence
+            if high and isinstance(persistence, RemoteLog):
+                persistence.synced(high)
+
         self._ask_all(lambda request_id: Writer().u64(request_id).frame(FrameType.BARRIER),
-                      lambda reader, late: None, done, "route barrier")
+                      on_answer, done, "route barrier")
 
     def _on_barrier(self, link: Link, body: bytes) -> None:
         reader = Reader(body)
         request_id = reader.u64()
         reader.end()
-        link.send(Writer().u64(request_id).frame(FrameType.BARRIER_DONE))
+        persistence = self.broker.persistence
+        high = persistence.high_watermark if (
+            self.worker.is_leader and persistence is not None) else []
+        link.send(Writer().u64(request_id).offsets(list(high)).frame(FrameType.BARRIER_DONE))
 
     def claim(self, client_id: str, clean_start: bool,
               done: Callable[[list[bytes]], None]) -> None:
@@ -636,14 +661,18 @@ class Mesh:
         request_id, client_id, clean_start = reader.u64(), reader.text(), bool(reader.u8())
         reader.end()
         assert link.peer is not None
-        status, blob = CLAIM_NONE, b""
+        status, blob, session = CLAIM_NONE, b"", None
         if client_id in self._claiming:  # both connecting it at once: the lower index wins
             status = CLAIM_RETRY if self.worker.index < link.peer else CLAIM_NONE
+        elif isinstance(self.broker.sessions.get(client_id), MovedSession):
+            pass  # it lives on another worker, which answers (our stand-in keeps following it)
         else:
             session = self.broker.release_session(client_id, clean_start)
             if session is not None:
                 status, blob = CLAIM_SESSION, export_session(session, self.loop.time())
         link.send(Writer().u64(request_id).u8(status).blob(blob).frame(FrameType.CLAIMED))
+        if session is not None:  # it follows the session until the peer has settled it
+            self._stand_in(session, link.peer)
 
     def adopt(self, blobs: list[bytes]) -> list[Session]:
         """Install sessions handed over by peers (normally one; after a crash in the middle
@@ -662,6 +691,83 @@ class Mesh:
                 self.broker.discard_session(existing)
             adopted[document.client_id] = install_session(self.broker, document)
         return list(adopted.values())
+
+    # ------------------------------------------------------------------ sessions on the move
+
+    def _stand_in(self, session: Session, peer: int) -> None:
+        """Put a ``MovedSession`` where ``session`` was (cluster/moving.py)."""
+        client_id = session.client_id
+        stub = MovedSession(session, peer, partial(self._deliver_moved, peer, client_id),
+                            partial(self._covered, peer))
+        stub.timer = self.loop.call_later(SETTLE_TIMEOUT, self._drop_stand_in, client_id, stub)
+        self.broker.sessions[client_id] = stub
+
+    def _covered(self, peer: int, message: Message) -> bool:
+        """Will ``peer`` get this message from us anyway (a publish made here that a route of
+        the peer matches)?"""
+        if self.router.forwarded_in:
+            return False  # delivered where it landed: never forwarded again
+        return any(peer in entries for _, entries in self.remote.match(message.topic))
+
+    def _deliver_moved(self, peer: int, client_id: str, message: Message, qos: int,
+                       retain: bool, ids: list[int] | None, group: RouteKey | None) -> None:
+        link = self.links.get(peer)
+        if link is None:
+            return
+        writer = Writer().text(client_id).u8(qos).u8(retain).offsets(ids or [])
+        writer.text(group[0] if group else "").text(group[1] if group else "")
+        link.send(_with_body(writer, FrameType.DELIVER, message_body(message, self.loop.time())))
+
+    def _on_deliver(self, link: Link, body: bytes) -> None:
+        reader = Reader(body)
+        client_id, qos, retain = reader.text(), reader.u8(), bool(reader.u8())
+        ids = reader.offsets() or None
+        name, topic_filter = reader.text(), reader.text()
+        message = from_wire(decode_message(body, reader.pos), self.loop.time())
+        group = (name, topic_filter) if name else None
+        if client_id in self._claiming:  # the session is on its way: deliver once adopted
+            self._held.setdefault(client_id, []).append((message, qos, retain, ids, group))
+            return
+        session = self.broker.sessions.get(client_id)
+        if session is not None:
+            session.deliver(message, qos, retain, ids, self.loop.time(), group)
+
+    def settle(self, client_id: str) -> None:
+        """The sessions handed over for ``client_id`` are adopted (their routes are queued):
+        deliver what came for them meanwhile, and tell the peers to drop their stand-ins."""
+        held = self._held.pop(client_id, [])
+        session = self.broker.sessions.get(client_id)
+        if session is not None:
+            now = self.loop.time()
+            for message, qos, retain, ids, group in held:
+                session.deliver(message, qos, retain, ids, now, group)
+        self._send_routes()  # SETTLED after our routes: the peer's stand-in is then redundant
+        frame = Writer().text(client_id).frame(FrameType.SETTLED)
+        for link in self.links.values():
+            link.send(frame)
+
+    def _on_settled(self, link: Link, body: bytes) -> None:
+        reader = Reader(body)
+        client_id = reader.text()
+        reader.end()
+        stub = self.broker.sessions.get(client_id)
+        if isinstance(stub, MovedSession) and stub.peer == link.peer:
+            self._drop_stand_in(client_id, stub)
+
+    def _drop_stand_in(self, client_id: str, stub: MovedSession) -> None:
+        if stub.timer is not None:
+            stub.timer.cancel()  # type: ignore[attr-defined]
+            stub.timer = None
+        if self.broker.sessions.get(client_id) is stub:
+            del self.broker.sessions[client_id]
+            self.router.drop_session(stub, self.loop.time())
+
+    def drop_moved(self, client_id: str) -> None:
+        """A connection for ``client_id`` is being accepted here: a stand-in left for it is
+        not a session."""
+        stub = self.broker.sessions.get(client_id)
+        if isinstance(stub, MovedSession):
+            self._drop_stand_in(client_id, stub)
 
     def _on_stats(self, link: Link, body: bytes) -> None:
         reader = Reader(body)
