@@ -75,18 +75,21 @@ def test_a_resumed_session_gets_only_what_was_published_after_its_subscription(
             f"trial {trial} placement={(old_on, sub_on)}: got {got + rest}")
 
 
-@pytest.mark.parametrize("config", [LOG_ON, LOG_OFF], ids=["log", "memory"])
-@pytest.mark.parametrize("qos", [1, 2])
+@pytest.mark.parametrize(("config", "qos", "workers"), [
+    (LOG_ON, 1, 2), (LOG_ON, 2, 2), (LOG_OFF, 1, 2), (LOG_OFF, 2, 2), (LOG_ON, 2, 1)],
+    ids=["log-1", "log-2", "memory-1", "memory-2", "one-worker"])
 def test_a_retained_message_reaches_a_new_subscriber_once(
         broker_factory: Callable[..., BrokerProcess],
-        client_factory: Callable[..., Client], qos: int, config: str) -> None:
+        client_factory: Callable[..., Client], qos: int, config: str, workers: int) -> None:
     """P publishes a retained message on a fresh topic while S subscribes to it: S gets it
     once, live (RETAIN 0) or as the retained copy (RETAIN 1), never both (MQTT 4.3.3 for
-    QoS 2). Publisher and subscriber on each pair of workers."""
-    broker = broker_factory(config, workers=2)
-    publishers = {w: connect_on(client_factory, broker, w) for w in (0, 1)}
-    subscribers = {w: connect_on(client_factory, broker, w) for w in (0, 1)}
-    both = (0, 1, 1, 0)
+    QoS 2). Publisher and subscriber on each pair of workers; S has a persistent session (its
+    SUBACK also waits for the state journal)."""
+    broker = broker_factory(config, workers=workers)
+    both = (0, 1, 1, 0) if workers == 2 else (0, 0, 0, 0)
+    publishers = {w: connect_on(client_factory, broker, w) for w in set(both)}
+    subscribers = {w: connect_on(client_factory, broker, w, f"s{w}", clean_start=False,
+                                 expiry=300) for w in set(both)}
     for trial in range(TRIALS):
         topic = f"r{qos}/{trial}"
         publisher = publishers[both[trial % 4]]
