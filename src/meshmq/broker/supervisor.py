@@ -9,8 +9,9 @@ carries the concrete ports. A bound socket that does not listen receives no conn
 keeps the port in the node's hands while a worker restarts. Every worker listens on every port
 with SO_REUSEPORT and the kernel spreads new connections over the listening sockets.
 
-Files. The password, ACL and TLS files are checked once before forking, so a bad file gives one
-error line and exit status 2, not one line per worker.
+Files. The password, ACL and TLS files and the data directory (``prepare_data_dir``: a
+directory this process can write in, created if missing) are checked once before forking, so a
+bad one gives one error line and exit status 2, not one line per worker.
 
 Workers. The supervisor forks (``os.fork``, while it has no thread and no event loop) one child
 per ``WorkerSpec(index, count, token)``; the random token is shared by the node's workers (it
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 from meshmq.auth.acl import ACLFileError, read_acl_file
 from meshmq.auth.passwords import PasswordFileError, read_password_file
 from meshmq.broker.listeners import listener_specs
-from meshmq.broker.server import run_worker
+from meshmq.broker.server import DataDirError, prepare_data_dir, run_worker
 from meshmq.broker.tls import TLSConfigError, build_server_context
 from meshmq.cluster.spec import WorkerSpec, share_node_limits
 from meshmq.config import BrokerConfig
@@ -459,9 +460,11 @@ def supervise(config: BrokerConfig, count: int) -> int:
     """
     try:
         check_files(config)
+        prepare_data_dir(config.server.data_dir)
         worker_config, sockets = reserve_ports(config)
         worker_config = share_node_limits(worker_config, count)
-    except (PasswordFileError, ACLFileError, TLSConfigError, ReservationError) as exc:
+    except (PasswordFileError, ACLFileError, TLSConfigError, DataDirError,
+            ReservationError) as exc:
         log.error("%s", exc)
         return 1 if isinstance(exc, ReservationError) else 2
     try:
