@@ -216,6 +216,10 @@ def test_wrong_types_name_the_key(tmp_path: Path, text: str, key: str, rule: str
          "mqtt.connect_timeout: must be a number greater than 0, got inf"),
         ("[mqtt]\nconnect_timeout = nan\n",
          "mqtt.connect_timeout: must be a number greater than 0, got nan"),
+        ("[mqtt]\nsys_interval = -1\n",
+         "mqtt.sys_interval: must be a number of at least 0, got -1"),
+        ("[mqtt]\nsys_interval = inf\n",
+         "mqtt.sys_interval: must be a number of at least 0, got inf"),
         ("[session]\nmax_session_expiry = 4294967296\n",
          "session.max_session_expiry: must be an integer between 0 and 4294967295, "
          "got 4294967296"),
@@ -238,11 +242,17 @@ def test_out_of_range_values_name_the_key(tmp_path: Path, text: str, message: st
     [("server.port", 0), ("server.port", 65535), ("mqtt.max_packet_size", 1),
      ("mqtt.max_qos", 0), ("mqtt.topic_alias_maximum", 0), ("mqtt.broker_topic_aliases", 65535),
      ("mqtt.connect_timeout", 0.001), ("session.max_session_expiry", 0),
-     ("session.max_queued_messages", 10**9)],
+     ("session.max_queued_messages", 10**9), ("mqtt.sys_interval", 0.0)],
 )
 def test_bounds_are_inclusive(key: str, value: object) -> None:
     section, name = key.split(".")
     assert getattr(getattr(load_config(overrides={key: value}), section), name) == value
+
+
+def test_sys_interval_0_in_a_file_means_no_sys_topics(tmp_path: Path) -> None:
+    """Documented as "0 = no $SYS topics", so 0 is a valid value (not a number > 0)."""
+    config = load_config(write(tmp_path, "[mqtt]\nsys_interval = 0\n"))
+    assert config.mqtt.sys_interval == 0.0
 
 
 _INT_KEYS = sorted(key for key, spec in _KEYS.items() if spec.kind is int)

@@ -171,12 +171,14 @@ _SECTIONS = {
 
 class _Key(NamedTuple):
     kind: type  # str, int, float or bool
-    # numbers: (low, high), high None = unbounded, low exclusive for floats and inclusive for
-    # ints; str: the accepted strings; None: anything of the right type
+    # numbers: (low, high), high None = unbounded, low exclusive for floats (unless
+    # low_included) and inclusive for ints; str: the accepted strings; None: anything of the
+    # right type
     allowed: tuple[Any, ...] | None
     description: str
     # a further check of a value of the right type: returns a problem ("" = fine)
     check: Callable[[Any], str] | None = None
+    low_included: bool = False  # floats: the low bound itself is allowed (0 = off)
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -252,7 +254,8 @@ _KEYS: dict[str, _Key] = {
         float, (0.0, None), "seconds to wait for CONNECT after a TCP accept"),
     "mqtt.sys_interval": _Key(
         float, (0.0, None), "seconds between updates of the $SYS/broker/... topics (counts for"
-        " the whole node, all workers); 0 = no $SYS topics"),
+        " the whole node, all workers; the first set is published at start); 0 = no $SYS"
+        " topics", low_included=True),
     "session.max_session_expiry": _Key(
         int, (0, 4_294_967_295), "cap on a session's expiry interval, seconds"),
     "session.max_inflight_messages": _Key(
@@ -360,8 +363,8 @@ def _requirement(spec: _Key) -> str:
     if spec.allowed is None:
         return words
     low, high = spec.allowed
-    if spec.kind is float and high is None:  # floats: the low bound is exclusive
-        return f"{words} greater than {low:g}"
+    if spec.kind is float and high is None:  # floats: the low bound is exclusive by default
+        return f"{words} {'of at least' if spec.low_included else 'greater than'} {low:g}"
     if high is None:
         return f"{words} of at least {low}"
     return f"{words} between {low} and {high}"
@@ -400,7 +403,8 @@ def _check(key: str, value: Any, from_text: bool = False) -> Any:
             ok = value in spec.allowed
         elif spec.kind is float:
             low, high = spec.allowed
-            ok = math.isfinite(value) and value > low and (high is None or value <= high)
+            above = value >= low if spec.low_included else value > low
+            ok = math.isfinite(value) and above and (high is None or value <= high)
         else:
             low, high = spec.allowed
             ok = low <= value and (high is None or value <= high)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import start_broker, wait_for
+from meshmq.auth.passwords import hash_password, write_password_file
 from meshmq.mqtt.packets import Puback
 
 
@@ -89,5 +90,36 @@ def test_sighup_reloads_the_acl_file_and_keeps_connections(tmp_path: Path, raw_f
         broker.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: "ACL file not reloaded" in broker.log(), what="the refused reload")
         assert raw.subscribe("open/#", qos=1).reason_codes == [1]
+    finally:
+        broker.stop()
+
+
+def test_every_topic_for_one_user_and_sys_for_a_monitoring_user(tmp_path: Path,
+                                                                raw_factory) -> None:
+    """``#`` as a rule's topic is every topic (not a comment); ``$SYS/#`` is granted only by a
+    rule naming it (MQTT-4.7.2-1: ``#`` matches no ``$`` topic)."""
+    passwords = tmp_path / "passwords"
+    write_password_file(passwords, {"admin": hash_password("a-secret"),
+                                    "monitor": hash_password("m-secret")})
+    acl = tmp_path / "acl"
+    acl.write_text("# who      access     topic\n"
+                   "user:admin readwrite #        # the operator\n"
+                   "user:monitor read   $SYS/#\n")
+    broker = start_broker(tmp_path, f'[auth]\npassword_file = "{passwords}"\n'
+                          f'acl_file = "{acl}"\n[mqtt]\nsys_interval = 0.2\n', "acl-hash")
+    try:
+        admin = raw_factory(broker.port, 5)
+        assert admin.connect("admin-1", username="admin", password=b"a-secret").reason_code == 0
+        assert admin.subscribe("#", qos=1).reason_codes == [1]
+        assert admin.subscribe("$SYS/#", qos=0).reason_codes == [0x87]
+        admin.publish("any/topic", b"hello", qos=0)
+        delivered = admin.recv()
+        assert (delivered.topic, delivered.payload) == ("any/topic", b"hello")
+        monitor = raw_factory(broker.port, 5)
+        assert monitor.connect("mon-1", username="monitor",
+                               password=b"m-secret").reason_code == 0
+        assert monitor.subscribe("#", qos=0).reason_codes == [0x87]
+        assert monitor.subscribe("$SYS/#", qos=0).reason_codes == [0]
+        assert monitor.recv().topic.startswith("$SYS/broker/")
     finally:
         broker.stop()

@@ -174,6 +174,61 @@ def test_workers_0_means_one_per_cpu(tmp_path: Path) -> None:
     assert code == 0
 
 
+def second_node(tmp_path: Path, port: int, workers: int) -> tuple[int, list[str]]:
+    """Start ``meshmq serve`` on ``port`` (already in use); return its exit status and error
+    lines once it stops by itself. A node that starts instead (shares the port) fails."""
+    log_path = tmp_path / f"second-{workers}.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "meshmq", "serve", "--port", str(port), "--bind",
+             "127.0.0.1", "--data-dir", str(tmp_path / f"second-{workers}"), "--workers",
+             str(workers)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: proc.poll() is not None or "listening bind=" in log_path.read_text(),
+                 what="the second node to stop or to listen")
+        if proc.poll() is None:
+            pytest.fail(f"a second node started on port {port}, in use:\n{log_path.read_text()}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    errors = [line for line in log_path.read_text().splitlines() if " ERROR " in line]
+    return proc.returncode, errors
+
+
+def in_use(port: int) -> str:
+    return f"cannot listen listener=tcp bind=127.0.0.1 port={port} error=Address already in use"
+
+
+@pytest.mark.parametrize("workers", [1, 2])  # 1: the comparison, as it always was
+def test_a_port_of_another_node_stops_a_second_node_as_with_one_worker(
+    tmp_path: Path, two_workers: BrokerProcess, workers: int,
+) -> None:
+    code, errors = second_node(tmp_path, two_workers.port, workers)
+    assert code == 1
+    assert len(errors) == 1 and errors[0].endswith(in_use(two_workers.port)), errors
+    connect_many(two_workers.port, 10, "first-node")  # the first node keeps every connection
+    wait_for(lambda: len(re.findall(r"client connected client_id=first-node-",
+                                    two_workers.log())) == 10, what="the first node's connects")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("reuse_port", [False, True])
+def test_a_plain_listening_socket_stops_a_node_as_with_one_worker(
+    tmp_path: Path, workers: int, reuse_port: bool,
+) -> None:
+    """Another program's listener, with or without SO_REUSEPORT (same user, so the kernel
+    would let a SO_REUSEPORT socket share its port)."""
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(reuse_port))
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, errors = second_node(tmp_path, port, workers)
+    assert code == 1
+    assert len(errors) == 1 and errors[0].endswith(in_use(port)), errors
+
+
 # ---------------------------------------------------------------------- in-process parts
 
 
@@ -218,6 +273,73 @@ def test_a_port_in_use_is_one_line_naming_the_listener() -> None:
     message = str(caught.value)
     assert "\n" not in message
     assert f"listener=tcp bind=127.0.0.1 port={port} error=" in message
+
+
+def test_a_port_reserved_by_another_node_is_refused_while_no_worker_listens() -> None:
+    """Another node holds its ports between start and ready, and while its workers restart:
+    its reservation alone (nothing listening) makes the check fail."""
+    first_config, first = reserve_ports(load_config(None, {"server.bind": "127.0.0.1",
+                                                           "server.port": 0}))
+    port = first_config.server.port
+    try:
+        with pytest.raises(ReservationError) as caught:
+            reserve_ports(load_config(None, {"server.bind": "127.0.0.1", "server.port": port}))
+        assert str(caught.value) == in_use(port)
+    finally:
+        first[0].close()
+
+
+def worker_listener(port: int) -> socket.socket:
+    """A socket set up as a worker's listener (asyncio: SO_REUSEADDR + SO_REUSEPORT)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def test_workers_and_a_restarted_worker_listen_on_the_reserved_port() -> None:
+    worker_config, sockets = reserve_ports(load_config(None, {"server.bind": "127.0.0.1",
+                                                              "server.port": 0}))
+    port = worker_config.server.port
+    try:
+        with worker_listener(port), worker_listener(port):
+            pass  # both workers listen; then both are gone (crashed)
+        with worker_listener(port) as restarted:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            restarted.accept()[0].close()
+    finally:
+        sockets[0].close()
+
+
+def test_closed_connections_of_a_previous_listener_do_not_block_the_reservation() -> None:
+    """TIME_WAIT leftovers of a listener without SO_REUSEPORT (a one-worker node stopped a
+    moment ago) hold the port against a bind without SO_REUSEADDR; the node starts anyway,
+    as a one-worker node would."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        listener.accept()[0].close()  # the server side closes first: it keeps TIME_WAIT
+        assert client.recv(1) == b""
+        client.close()
+
+    def leftover_holds_the_port() -> bool:
+        with socket.socket() as plain:
+            try:
+                plain.bind(("127.0.0.1", port))
+            except OSError:
+                return True
+            return False
+
+    wait_for(leftover_holds_the_port, what="the TIME_WAIT leftover")
+    worker_config, sockets = reserve_ports(load_config(None, {"server.bind": "127.0.0.1",
+                                                              "server.port": port}))
+    sockets[0].close()
+    assert worker_config.server.port == port
 
 
 def test_two_listeners_on_one_address_are_refused() -> None:

@@ -1,15 +1,18 @@
 """Access control lists: who may publish to and receive from which topics.
 
-Rules file, one rule per line (``#`` starts a comment)::
+Rules file, one rule per line, ``SUBJECT ACCESS TOPIC``, fields separated by blanks::
 
     # subject        access      topic pattern
     user:alice       readwrite   devices/alice/#
     client:gateway-1 write       telemetry/#
-    *                readwrite   devices/%u/#        (%u user name, %c client id)
+    *                readwrite   devices/%u/#        # %u user name, %c client id
     *                deny        admin/#
-    *                read        broadcast/#
+    user:admin       readwrite   #
+    user:monitor     read        $SYS/#
 
-Subjects: ``user:NAME``, ``client:ID`` or ``*`` (anyone). Access: ``read``, ``write``,
+A line whose first non-blank character is ``#`` is a comment, and so is a fourth field that
+starts with ``#``; a ``#`` in the third field is always the topic pattern (``#`` alone is every
+topic). Subjects: ``user:NAME``, ``client:ID`` or ``*`` (anyone). Access: ``read``, ``write``,
 ``readwrite`` or ``deny``. The first rule whose subject matches the client, whose pattern
 matches the topic and whose access is ``deny`` or covers the operation decides; when no rule
 decides, the answer is deny (ACLs on means default deny).
@@ -19,6 +22,9 @@ matches a filter only if it covers every topic the filter can match (``devices/a
 ``devices/alice/+/temp``, not ``devices/#``), and a deny refuses it only when it covers the whole
 filter; each delivery needs read on the message's topic, so a deny rule inside a broad allowed
 filter still holds. Results are cached per client.
+
+``$`` topics: a pattern starting with a wildcard never matches a topic or filter starting with
+``$`` (MQTT-4.7.2-1), so ``#`` does not grant ``$SYS``; a rule naming ``$SYS/#`` does.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshmq.mqtt.topics import topic_matches
+from meshmq.mqtt.errors import RemoteProtocolError
+from meshmq.mqtt.topics import topic_matches, validate_topic_filter
 
 ACCESS = {"read": (True, False), "write": (False, True), "readwrite": (True, True)}
 
@@ -55,40 +62,42 @@ class Rule:
 
 
 def read_acl_file(path: str | os.PathLike[str]) -> list[Rule]:
+    """The rules of the file at ``path``; ``ACLFileError`` naming file, line and what was
+    expected if one line is malformed."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ACLFileError(f"{path}: cannot read ACL file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ACLFileError(f"{path}: cannot read ACL file: not UTF-8 text") from None
     rules = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = _strip_comment(raw)
-        if not line:
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):  # a comment line
             continue
-        rules.append(_parse_rule(line, f"{path}:{number}"))
+        rules.append(_parse_rule(stripped, f"{path}:{number}"))
     return rules
 
 
-def _strip_comment(raw: str) -> str:
-    """Drop a trailing comment: '#' preceded by whitespace, or a line starting with '#'."""
-    stripped = raw.strip()
-    if stripped.startswith("#"):
-        return ""
-    index = stripped.find(" #")
-    return stripped if index < 0 else stripped[:index].rstrip()
-
-
 def _parse_rule(line: str, where: str) -> Rule:
-    parts = line.split()
-    if len(parts) != 3:
-        raise ACLFileError(f"{where}: expected 'SUBJECT ACCESS TOPIC', got {line!r}")
-    subject, access, pattern = parts
+    parts = line.split(maxsplit=3)
+    if len(parts) < 3 or (len(parts) == 4 and not parts[3].startswith("#")):
+        raise ACLFileError(f"{where}: expected 'SUBJECT ACCESS TOPIC' (then optionally"
+                           f" '# comment'), got {line!r}")
+    subject, access, pattern = parts[:3]
     if access not in (*ACCESS, "deny"):
-        raise ACLFileError(f"{where}: access must be read, write, readwrite or deny")
+        raise ACLFileError(f"{where}: expected access read, write, readwrite or deny,"
+                           f" got {access!r}")
+    try:
+        validate_topic_filter(pattern)
+    except RemoteProtocolError as exc:
+        raise ACLFileError(f"{where}: expected a valid topic pattern: {exc}") from None
     if subject == "*":
         return Rule("*", "", access, pattern)
     kind, sep, name = subject.partition(":")
     if not sep or kind not in ("user", "client") or not name:
-        raise ACLFileError(f"{where}: subject must be user:NAME, client:ID or *")
+        raise ACLFileError(f"{where}: expected subject user:NAME, client:ID or *,"
+                           f" got {subject!r}")
     return Rule(kind, name, access, pattern)
 
 

@@ -50,10 +50,15 @@ def _add(args: argparse.Namespace) -> int:
     if ":" in args.user or not args.user.strip():
         print("meshmq passwd: a user name must be non-empty and contain no ':'", file=sys.stderr)
         return 2
+    if not args.password_stdin and not sys.stdin.isatty():
+        # getpass would fall back to reading standard input and fail at its end (EOFError).
+        print("meshmq passwd: standard input is not a terminal, so there is no one to ask for"
+              " the password; give it on standard input with --password-stdin",
+              file=sys.stderr)
+        return 2
     users = _load(args.file, must_exist=False)
     password = _read_password(args.password_stdin)
     if not password:
-        print("meshmq passwd: empty password refused", file=sys.stderr)
         return 2
     users[args.user] = hash_password(password)
     write_password_file(args.file, users)
@@ -61,13 +66,21 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _read_password(from_stdin: bool) -> str:
+    """The password, or "" after printing why there is none."""
     if from_stdin:
-        return sys.stdin.readline().rstrip("\r\n")
-    first = getpass.getpass("Password: ")
-    if first != getpass.getpass("Repeat password: "):
-        print("meshmq passwd: passwords differ", file=sys.stderr)
-        return ""
-    return first
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        try:
+            password = getpass.getpass("Password: ")
+            if password != getpass.getpass("Repeat password: "):
+                print("meshmq passwd: passwords differ", file=sys.stderr)
+                return ""
+        except EOFError:  # end of input (Ctrl-D) at the prompt
+            print("\nmeshmq passwd: no password given", file=sys.stderr)
+            return ""
+    if not password:
+        print("meshmq passwd: empty password refused", file=sys.stderr)
+    return password
 
 
 def _remove(args: argparse.Namespace) -> int:

@@ -6,6 +6,10 @@ name, will, subscriptions, the time it went offline and its cursor into the comm
 first offset per partition it may still need, ``Session.log_cursor()``). Cursors of connected
 sessions are checkpointed every ``CHECKPOINT_SECONDS``; after a crash a session resumes from
 its last checkpoint, and messages it may already have received come again with DUP set.
+
+``$SYS/`` retained messages are never stored: they describe one run of the node (uptime,
+counters), so a restart must not serve the previous run's values. Any found in a state written
+by an older version are dropped on restore.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.message import Message
+from meshmq.broker.router import SYS_PREFIX
 from meshmq.broker.session import Session, Subscription
 from meshmq.broker.statestore import COMPACT_BYTES, Done, State, StateStore
 from meshmq.mqtt.codec import decode_properties, encode_properties
@@ -125,6 +130,11 @@ class StateKeeper:
         orphans = self._merge_orphans(state)
         broker = self.broker
         now = broker.loop.time()
+        past_run = [topic for topic in state["retained"] if topic.startswith(SYS_PREFIX)]
+        for topic in past_run:  # stored by an older version: the values of a past run
+            del state["retained"][topic]
+        if past_run:
+            log.info("state: dropped the $SYS values of a past run retained=%d", len(past_run))
         for topic, data in state["retained"].items():
             message = message_from_json(topic, data, now)
             if message is not None:
@@ -183,7 +193,8 @@ class StateKeeper:
             session = broker.sessions.get(client_id)
             if session is not None:
                 sessions[client_id] = self._session_record(session)
-        retained = {topic: message_to_json(m) for topic, m in broker.router.retained.items()}
+        retained = {topic: message_to_json(m) for topic, m in broker.router.retained.items()
+                    if not topic.startswith(SYS_PREFIX)}  # a run's values stay with the run
         return {"sessions": sessions, "retained": retained}
 
     def _session_record(self, session: Session) -> dict[str, Any]:
@@ -227,6 +238,10 @@ class StateKeeper:
         }}, done)
 
     def retained(self, topic: str, message: Message | None, done: Done | None = None) -> None:
+        if topic.startswith(SYS_PREFIX):  # kept in memory for this run only
+            if done is not None:
+                done()
+            return
         self.store.write({"op": "retain", "topic": topic,
                           "message": None if message is None else message_to_json(message)}, done)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -229,9 +230,12 @@ class Listener:
                 reuse_port=self.reuse_port or None,
             )
         except OSError as exc:
+            # asyncio's strerror is a sentence of its own; the errno's text is what a worker
+            # node's supervisor prints for the same problem.
+            reason = os.strerror(exc.errno) if exc.errno else exc.strerror or str(exc)
             raise ListenerError(
                 f"cannot listen listener={spec.name} bind={spec.bind} port={spec.port}"
-                f" error={exc.strerror or exc!s}"
+                f" error={reason}"
             ) from None
         for sock in self.server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):

@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import os
 import signal
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +30,51 @@ from meshmq.log.errors import LogConfigError, LogError
 log = logging.getLogger("meshmq.server")
 
 
+class DataDirError(Exception):
+    """``server.data_dir`` cannot be used; the message is one line naming the path and why."""
+
+
+def prepare_data_dir(data_dir: str) -> None:
+    """Create ``data_dir`` if missing and check that this process can write in it.
+
+    Raises ``DataDirError`` (the caller exits with status 2). Called before anything opens a
+    file there, so a bad directory is one clear line, not a failure deep in the state store.
+    """
+    path = Path(data_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DataDirError(f"server.data_dir: {data_dir} is a file, not a directory") from None
+    except NotADirectoryError:
+        blocker = next((parent for parent in path.parents if parent.exists()), path)
+        raise DataDirError(f"server.data_dir: cannot create {data_dir}: {blocker} is a file,"
+                           " not a directory") from None
+    except OSError as exc:
+        raise DataDirError(f"server.data_dir: cannot create {data_dir}:"
+                           f" {exc.strerror or exc}") from None
+    try:  # the only honest test of "writable": write (root passes every mode bit check)
+        with tempfile.TemporaryFile(dir=path, prefix=".meshmq-write-check-"):
+            pass
+    except OSError as exc:
+        raise DataDirError(f"server.data_dir: {data_dir} is not writable:"
+                           f" {exc.strerror or exc}") from None
+
+
+def _start_error(exc: OSError, data_dir: str) -> tuple[str, int]:
+    """The line and exit status for an ``OSError`` that escaped start-up (listeners have
+    their own errors): a file in the data directory (status 2, as a bad data_dir) or other."""
+    filename = exc.filename if isinstance(exc.filename, str) else None
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, FileExistsError) and filename and not Path(filename).is_dir():
+        reason = "a file is where a directory should be"  # what mkdir(exist_ok=True) says
+    if filename is None:
+        return f"cannot start: {reason}", 1
+    inside = Path(filename).absolute().is_relative_to(Path(data_dir).absolute())
+    if inside:
+        return f"server.data_dir: cannot use {filename}: {reason}", 2
+    return f"cannot start: {filename}: {reason}", 1
+
+
 class BrokerServer:
     """A running broker node; ``start()`` listens, ``stop()`` shuts down cleanly."""
 
@@ -42,7 +88,7 @@ class BrokerServer:
     async def start(self) -> None:
         cfg = self.config.server
         loop = asyncio.get_running_loop()
-        Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
+        prepare_data_dir(cfg.data_dir)  # the supervisor checked it too, before forking
         broker = self.broker = Broker(self.config, loop, self.worker)
         if self.worker is not None:
             await broker.join_mesh()  # linked to every peer before sessions are restored
@@ -105,7 +151,8 @@ async def serve(
     server = BrokerServer(config, worker)
     try:
         await server.start()
-    except (PasswordFileError, ACLFileError, LogConfigError, TLSConfigError) as exc:
+    except (PasswordFileError, ACLFileError, LogConfigError, TLSConfigError,
+            DataDirError) as exc:
         log.error("%s", exc)
         return 2
     except ListenerError as exc:
@@ -120,10 +167,10 @@ async def serve(
     except MeshError as exc:
         log.error("%s", exc)
         return 1
-    except OSError as exc:
-        log.error("cannot listen bind=%s port=%d error=%r", config.server.bind,
-                  config.server.port, exc.strerror or str(exc))
-        return 1
+    except OSError as exc:  # not from a listener: those raise ListenerError
+        line, code = _start_error(exc, config.server.data_dir)
+        log.error("%s", line)
+        return code
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

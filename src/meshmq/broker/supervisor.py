@@ -2,15 +2,20 @@
 
 Theory of operation
 -------------------
-Ports. Before any worker exists the supervisor binds one socket per enabled listener with
-SO_REUSEADDR + SO_REUSEPORT and keeps it bound, never listening, for as long as it runs. For
-port 0 this is where the port that all workers share gets chosen; the workers' configuration
-carries the concrete ports. A bound socket that does not listen receives no connections, but it
-keeps the port in the node's hands while a worker restarts. Every worker listens on every port
-with SO_REUSEPORT and the kernel spreads new connections over the listening sockets.
+Ports. Before any worker exists the supervisor checks each enabled listener's address with a
+bind without SO_REUSEPORT (as a single-process node binds): it fails when any other socket
+listens on or holds the address, another node's included, so a port in use stops the node with
+the same line as with one worker, instead of being shared. Then it binds one socket per
+listener with SO_REUSEPORT and keeps it bound, never listening, for as long as it runs. For
+port 0 the check is where the port that all workers share gets chosen; the workers'
+configuration carries the concrete ports. A bound socket that does not listen receives no
+connections, but it keeps the port in the node's hands while a worker restarts (it has no
+SO_REUSEADDR, so another node's check fails on it too). Every worker listens on every port with
+SO_REUSEPORT and the kernel spreads new connections over the listening sockets.
 
-Files. The password, ACL and TLS files are checked once before forking, so a bad file gives one
-error line and exit status 2, not one line per worker.
+Files. The password, ACL and TLS files and the data directory (``prepare_data_dir``: a
+directory this process can write in, created if missing) are checked once before forking, so a
+bad one gives one error line and exit status 2, not one line per worker.
 
 Workers. The supervisor forks (``os.fork``, while it has no thread and no event loop) one child
 per ``WorkerSpec(index, count, token)``; the random token is shared by the node's workers (it
@@ -50,7 +55,7 @@ from dataclasses import dataclass
 from meshmq.auth.acl import ACLFileError, read_acl_file
 from meshmq.auth.passwords import PasswordFileError, read_password_file
 from meshmq.broker.listeners import listener_specs
-from meshmq.broker.server import run_worker
+from meshmq.broker.server import DataDirError, prepare_data_dir, run_worker
 from meshmq.broker.tls import TLSConfigError, build_server_context
 from meshmq.cluster.spec import WorkerSpec, share_node_limits
 from meshmq.config import BrokerConfig
@@ -84,14 +89,15 @@ def reserve_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socke
     taken: dict[tuple[object, ...], str] = {}
     try:
         for spec in listener_specs(config):
-            sock = _reserve(spec.name, spec.bind, spec.port)
-            sockets.append(sock)
-            address = (sock.family, *sock.getsockname()[:2])
-            if address in taken:
+            family, address = _resolve(spec.name, spec.bind, spec.port)
+            where = (family, *address[:2])
+            if spec.port and where in taken:  # our own check would fail on it: say why
                 raise ReservationError(
                     f"cannot listen listener={spec.name} bind={spec.bind} port={spec.port}"
-                    f" error=the port of listener {taken[address]}")
-            taken[address] = spec.name
+                    f" error=the port of listener {taken[where]}")
+            sock = _reserve(spec.name, spec.bind, spec.port, family, address)
+            sockets.append(sock)
+            taken[(family, *sock.getsockname()[:2])] = spec.name
             ports[spec.name] = sock.getsockname()[1]
     except BaseException:
         for sock in sockets:
@@ -100,16 +106,46 @@ def reserve_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socke
     return with_ports(config, ports), sockets
 
 
-def _reserve(name: str, bind: str, port: int) -> socket.socket:
+def _resolve(name: str, bind: str, port: int) -> tuple[int, tuple[object, ...]]:
+    """The address family and socket address a listener binds (the first getaddrinfo gives)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
+        family, _, _, _, address = socket.getaddrinfo(
             bind or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ReservationError(_bind_error(name, bind, port, exc)) from None
+    return family, address
+
+
+def _reserve(name: str, bind: str, port: int, family: int,
+             address: tuple[object, ...]) -> socket.socket:
+    """The node's socket for one listener: the address checked free, then bound for sharing."""
+    with _bound(name, bind, port, family, address, reuse_port=False) as probe:
+        # Without SO_REUSEPORT this bind fails (EADDRINUSE) as a single-process node's
+        # listener would, when another socket listens on or holds the address; with it, a
+        # second node of the same user would silently share the port. Port 0 is chosen here.
+        address = (address[0], probe.getsockname()[1], *address[2:])
+    try:
+        # SO_REUSEPORT without SO_REUSEADDR: our workers can join, and another node's probe
+        # fails even while none of our workers listens (starting, or all restarting).
+        return _bound(name, bind, port, family, address, reuse_port=True, reuse_address=False)
+    except ReservationError:
+        # Only leftovers of closed connections on the port (TIME_WAIT of a listener without
+        # SO_REUSEPORT) can be in the way now, and SO_REUSEADDR exists for those.
+        return _bound(name, bind, port, family, address, reuse_port=True)
+
+
+def _bound(name: str, bind: str, port: int, family: int, address: tuple[object, ...],
+           reuse_port: bool, reuse_address: bool = True) -> socket.socket:
+    """A TCP socket bound (not listening) to ``address``; ReservationError if it cannot be."""
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
     except OSError as exc:
         raise ReservationError(_bind_error(name, bind, port, exc)) from None
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if reuse_address:  # as asyncio's listeners do
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:  # as asyncio's listeners do: IPv6 only
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
@@ -459,9 +495,11 @@ def supervise(config: BrokerConfig, count: int) -> int:
     """
     try:
         check_files(config)
+        prepare_data_dir(config.server.data_dir)
         worker_config, sockets = reserve_ports(config)
         worker_config = share_node_limits(worker_config, count)
-    except (PasswordFileError, ACLFileError, TLSConfigError, ReservationError) as exc:
+    except (PasswordFileError, ACLFileError, TLSConfigError, DataDirError,
+            ReservationError) as exc:
         log.error("%s", exc)
         return 1 if isinstance(exc, ReservationError) else 2
     try:

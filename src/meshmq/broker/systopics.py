@@ -2,13 +2,19 @@
 
 Theory of operation
 -------------------
-Every ``mqtt.sys_interval`` seconds each worker takes its local counters (``local_counts``).
+At start (``start()``, once the stored state is restored, before any listener is up), then
+every ``mqtt.sys_interval`` seconds, each worker takes its local counters (``local_counts``).
 A single-process node publishes them at once. With workers, every worker but the leader sends
 them to the leader (a ``STATS`` frame); the leader adds the latest figures of each linked peer
 to its own and publishes the totals, so ``$SYS`` describes the whole node whichever worker a
 subscriber is on (the topics are routed like any publish). A peer's figures are at most one
-interval old. The messages are retained (a new subscriber gets the current values at once),
-QoS 0, and not journaled: they are rebuilt within one interval after a restart.
+interval old; at start, until every peer's first figures are in, the leader publishes again
+every ``CATCH_UP`` seconds (within the first interval only).
+
+The messages are retained (a new subscriber gets the current values at once), QoS 0, and never
+stored on disk (``keeper.py`` skips ``$SYS/``): the first set of a run is published at start,
+so even a subscriber that comes right after a restart never sees the previous run's uptime or
+counters. ``mqtt.sys_interval = 0``: no ``$SYS`` topics at all.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
 
 PREFIX = "$SYS/broker/"
+CATCH_UP = 0.02  # seconds between the leader's publishes while peers' first figures are due
 
 # counter name -> topic under $SYS/broker/ (Mosquitto's names where it has one)
 TOPICS = {
@@ -60,6 +67,8 @@ def local_counts(broker: Broker) -> dict[str, int]:
 
 
 class SysTopics:
+    """The node's ``$SYS/broker/...`` topics, published by this worker (or sent to the leader)."""
+
     def __init__(self, broker: Broker, interval: float) -> None:
         self.broker = broker
         self.interval = interval
@@ -67,8 +76,9 @@ class SysTopics:
         self._handle: object | None = None
 
     def start(self) -> None:
+        """The first set now (the stored state is restored), then one every interval."""
         if self.interval > 0:
-            self._handle = self.broker.loop.call_later(self.interval, self.tick)
+            self.tick()
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -88,7 +98,16 @@ class SysTopics:
                         if name in counts:
                             counts[name] += value
             self.publish(counts)
-        self._handle = broker.loop.call_later(self.interval, self.tick)
+        self._handle = broker.loop.call_later(self.next_delay(), self.tick)
+
+    def next_delay(self) -> float:
+        """The interval; shorter on the leader while a peer's first figures are due."""
+        mesh = self.broker.mesh
+        if (mesh is not None and mesh.worker.is_leader
+                and len(mesh.peer_statistics) < mesh.worker.count - 1
+                and time.monotonic() - self.started < self.interval):
+            return min(CATCH_UP, self.interval)
+        return self.interval
 
     def publish(self, counts: dict[str, int]) -> None:
         values = {TOPICS[name]: str(value) for name, value in counts.items()}
