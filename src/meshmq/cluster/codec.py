@@ -43,23 +43,25 @@ class LinkError(Exception):
 
 
 class FrameType(IntEnum):
-    HELLO = 1  # index, count, token, the leader's high watermark
+    HELLO = 1  # index, count, token, the high watermark of each partition the sender leads
     ROUTES = 2  # route changes: (added, group, filter)*
     FORWARD = 3  # a publish for the receiver's subscribers, and the shared groups it serves
-    APPEND = 4  # request to the leader: persist and route this publish
-    RETAIN = 5  # request to the leader: store this retained message
+    APPEND = 4  # request to a partition's leader: persist and route this publish
+    RETAIN = 5  # request to a topic's owner: store (and maybe route) this retained message
     REPLY = 6  # answer to APPEND or RETAIN
-    QUERY_RETAINED = 7  # request to the leader: retained messages matching these filters
+    QUERY_RETAINED = 7  # request to a topic's owner: retained messages matching these filters
     RETAINED = 8  # answer to QUERY_RETAINED
-    CLAIM = 9  # a client connected here: hand over (or end) its session
-    CLAIMED = 10  # answer to CLAIM
-    SYNC = 11  # request to the leader: your high watermark, after everything sent before
+    CLAIM = 9  # to a client id's owner: a client connected here, hand its session over
+    CLAIMED = 10  # answer to CLAIM or RELEASE
+    SYNC = 11  # request to a leader: your high watermarks, after everything sent before
     SYNCED = 12  # answer to SYNC
-    STATS = 13  # a worker's counters, for the leader's $SYS totals
+    STATS = 13  # a worker's counters, for the node's $SYS totals
     BARRIER = 14  # request: answer once everything sent before is applied (routes)
-    BARRIER_DONE = 15  # answer to BARRIER (from the leader: its high watermark)
+    BARRIER_DONE = 15  # answer to BARRIER, with the sender's high watermarks
     DELIVER = 16  # a message for one session that moved to the receiver (cluster/moving.py)
     SETTLED = 17  # a session handed over to the sender is in place: drop its stand-in
+    RELEASE = 18  # from a client id's owner to the holder: hand the session over to a worker
+    REGISTER = 19  # to client ids' owners: sessions the sender now holds or no longer holds
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -288,6 +290,455 @@ def messages_blob(bodies: list[bytes]) -> Writer:
 
 def read_messages(reader: Reader) -> list[WireMessage]:
     return [decode_message(reader.blob()) for _ in range(reader.u32())]
+
+
+# ---------------------------------------------------------------------- frames
+#
+# One dataclass per frame type: ``encode()`` gives the whole frame (header included) and
+# ``decode(body)`` reads a body back, raising ``LinkError`` on anything malformed (a body that
+# ends early, trailing bytes, bad UTF-8). A message travels as its encoded body (``bytes``:
+# see ``encode_message``), decoded by whoever delivers it.
+
+Highs = dict[int, int]  # partition -> high watermark, for the partitions the sender leads
+RouteChange = tuple[bool, str, str]  # (added, group or "", filter)
+GroupKey = tuple[str, str]  # (share name, filter)
+
+
+def _write_highs(writer: Writer, highs: Highs) -> Writer:
+    writer.u32(len(highs))
+    for partition, high in sorted(highs.items()):
+        writer.u32(partition).u64(high)
+    return writer
+
+
+def _read_highs(reader: Reader) -> Highs:
+    return {reader.u32(): reader.u64() for _ in range(reader.u32())}
+
+
+def _rest(body: bytes, reader: Reader) -> bytes:
+    """The message body that ends a frame (it runs to the end: checked when decoded)."""
+    return body[reader.pos:]
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """First frame on a link, both ways: who the sender is, and the high watermark of each
+    partition it leads."""
+
+    index: int
+    count: int
+    token: str
+    highs: Highs
+
+    def encode(self) -> bytes:
+        writer = Writer().u16(self.index).u16(self.count).text(self.token)
+        return _write_highs(writer, self.highs).frame(FrameType.HELLO)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Hello:
+        reader = Reader(body)
+        frame = cls(reader.u16(), reader.u16(), reader.text(), _read_highs(reader))
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """Filters that gained their first or lost their last subscriber at the sender."""
+
+    changes: list[RouteChange]
+
+    def encode(self) -> bytes:
+        writer = Writer().u32(len(self.changes))
+        for added, group, topic_filter in self.changes:
+            writer.u8(added).text(group).text(topic_filter)
+        return writer.frame(FrameType.ROUTES)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Routes:
+        reader = Reader(body)
+        changes = [(bool(reader.u8()), reader.text(), reader.text())
+                   for _ in range(reader.u32())]
+        reader.end()
+        return cls(changes)
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A publish for the receiver's subscribers, and the shared groups it must serve.
+
+    The hot frame: ``forward_frame()`` builds it from a body encoded once for every peer."""
+
+    groups: list[GroupKey]
+    message: WireMessage
+
+    def encode(self) -> bytes:
+        return forward_frame(self.groups, encode_message(self.message))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Forward:
+        groups, message = parse_forward(body)
+        return cls(groups, message)
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Request to a partition's leader: persist this publish, route it once durable."""
+
+    request_id: int
+    client_id: str
+    message: bytes
+
+    def encode(self) -> bytes:
+        writer = Writer().u64(self.request_id).text(self.client_id)
+        writer.parts.append(self.message)
+        return writer.frame(FrameType.APPEND)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Append:
+        reader = Reader(body)
+        return cls(reader.u64(), reader.text(), _rest(body, reader))
+
+
+@dataclass(frozen=True, slots=True)
+class Retain:
+    """Request to a topic's owner: store (empty payload: clear) this retained message; with
+    ``route``, also route it (the owner is the one place retained publishes are ordered)."""
+
+    request_id: int
+    route: bool
+    message: bytes
+
+    def encode(self) -> bytes:
+        writer = Writer().u64(self.request_id).u8(self.route)
+        writer.parts.append(self.message)
+        return writer.frame(FrameType.RETAIN)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Retain:
+        reader = Reader(body)
+        return cls(reader.u64(), bool(reader.u8()), _rest(body, reader))
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer to APPEND or RETAIN: 0 or a reason code, where it was stored, receivers."""
+
+    request_id: int
+    status: int
+    partition: int = 0
+    offset: int = 0
+    receivers: int = 0
+
+    def encode(self) -> bytes:
+        return (Writer().u64(self.request_id).u8(self.status).u32(self.partition)
+                .u64(self.offset).u32(self.receivers).frame(FrameType.REPLY))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Reply:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.u8(), reader.u32(), reader.u64(), reader.u32())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class QueryRetained:
+    """Request: the retained messages the receiver owns that match these filters."""
+
+    request_id: int
+    filters: list[str]
+
+    def encode(self) -> bytes:
+        writer = Writer().u64(self.request_id).u16(len(self.filters))
+        for topic_filter in self.filters:
+            writer.text(topic_filter)
+        return writer.frame(FrameType.QUERY_RETAINED)
+
+    @classmethod
+    def decode(cls, body: bytes) -> QueryRetained:
+        reader = Reader(body)
+        request_id = reader.u64()
+        filters = [reader.text() for _ in range(reader.u16())]
+        reader.end()
+        return cls(request_id, filters)
+
+
+@dataclass(frozen=True, slots=True)
+class Retained:
+    """Answer to QUERY_RETAINED: (index of the filter, encoded message) pairs."""
+
+    request_id: int
+    found: list[tuple[int, bytes]]
+
+    def encode(self) -> bytes:
+        writer = Writer().u64(self.request_id).u32(len(self.found))
+        for index, message in self.found:
+            writer.u16(index).blob(message)
+        return writer.frame(FrameType.RETAINED)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Retained:
+        reader = Reader(body)
+        request_id = reader.u64()
+        found = [(reader.u16(), reader.blob()) for _ in range(reader.u32())]
+        reader.end()
+        return cls(request_id, found)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A connection for ``client_id`` arrived at the sender: to the client id's owner, which
+    has the worker holding the session hand it over (or end it, with ``clean_start``)."""
+
+    request_id: int
+    client_id: str
+    clean_start: bool
+
+    def encode(self) -> bytes:
+        return (Writer().u64(self.request_id).text(self.client_id).u8(self.clean_start)
+                .frame(FrameType.CLAIM))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Claim:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.text(), bool(reader.u8()))
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """From a client id's owner to the worker holding the session: disconnect it and hand
+    the session over for worker ``to`` (or end it, with ``clean_start``)."""
+
+    request_id: int
+    client_id: str
+    clean_start: bool
+    to: int
+
+    def encode(self) -> bytes:
+        return (Writer().u64(self.request_id).text(self.client_id).u8(self.clean_start)
+                .u16(self.to).frame(FrameType.RELEASE))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Release:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.text(), bool(reader.u8()), reader.u16())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """Answer to CLAIM or RELEASE: ``status`` (CLAIM_*), the worker that held the session and
+    the session handed over (empty if none)."""
+
+    request_id: int
+    status: int
+    holder: int
+    session: bytes
+
+    def encode(self) -> bytes:
+        return (Writer().u64(self.request_id).u8(self.status).u16(self.holder)
+                .blob(self.session).frame(FrameType.CLAIMED))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Claimed:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.u8(), reader.u16(), reader.blob())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """To a client id's owner: sessions the sender now holds (or no longer holds). With
+    ``complete``: every session the sender restored has been listed."""
+
+    added: list[str]
+    removed: list[str]
+    complete: bool = False
+
+    def encode(self) -> bytes:
+        writer = Writer().u8(self.complete).u32(len(self.added))
+        for client_id in self.added:
+            writer.text(client_id)
+        writer.u32(len(self.removed))
+        for client_id in self.removed:
+            writer.text(client_id)
+        return writer.frame(FrameType.REGISTER)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Register:
+        reader = Reader(body)
+        complete = bool(reader.u8())
+        added = [reader.text() for _ in range(reader.u32())]
+        removed = [reader.text() for _ in range(reader.u32())]
+        reader.end()
+        return cls(added, removed, complete)
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """Request to a partition leader: your high watermarks, after everything sent before."""
+
+    request_id: int
+
+    def encode(self) -> bytes:
+        return Writer().u64(self.request_id).frame(FrameType.SYNC)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Sync:
+        reader = Reader(body)
+        frame = cls(reader.u64())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class Synced:
+    """Answer to SYNC: the high watermark of each partition the sender leads."""
+
+    request_id: int
+    highs: Highs
+
+    def encode(self) -> bytes:
+        return _write_highs(Writer().u64(self.request_id), self.highs).frame(FrameType.SYNCED)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Synced:
+        reader = Reader(body)
+        frame = cls(reader.u64(), _read_highs(reader))
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A worker's counters, for the node's ``$SYS`` totals."""
+
+    values: dict[str, int]
+
+    def encode(self) -> bytes:
+        writer = Writer().u16(len(self.values))
+        for name in self.values:
+            writer.text(name)
+        return writer.offsets([max(0, int(v)) for v in self.values.values()]).frame(
+            FrameType.STATS)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Stats:
+        reader = Reader(body)
+        names = [reader.text() for _ in range(reader.u16())]
+        values = reader.offsets()
+        reader.end()
+        if len(values) != len(names):
+            raise LinkError("stats: names and values differ in number")
+        return cls(dict(zip(names, values, strict=True)))
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Request: answer once everything sent before (route changes above all) is applied."""
+
+    request_id: int
+
+    def encode(self) -> bytes:
+        return Writer().u64(self.request_id).frame(FrameType.BARRIER)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Barrier:
+        reader = Reader(body)
+        frame = cls(reader.u64())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierDone:
+    """Answer to BARRIER, with the high watermarks of the partitions the sender leads."""
+
+    request_id: int
+    highs: Highs
+
+    def encode(self) -> bytes:
+        return _write_highs(Writer().u64(self.request_id), self.highs).frame(
+            FrameType.BARRIER_DONE)
+
+    @classmethod
+    def decode(cls, body: bytes) -> BarrierDone:
+        reader = Reader(body)
+        frame = cls(reader.u64(), _read_highs(reader))
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """A message for one session that moved to the receiver (cluster/moving.py)."""
+
+    client_id: str
+    qos: int
+    retain: bool
+    subscription_ids: list[int]
+    group: GroupKey | None
+    message: bytes
+
+    def encode(self) -> bytes:
+        name, topic_filter = self.group or ("", "")
+        writer = (Writer().text(self.client_id).u8(self.qos).u8(self.retain)
+                  .offsets(self.subscription_ids).text(name).text(topic_filter))
+        writer.parts.append(self.message)
+        return writer.frame(FrameType.DELIVER)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Deliver:
+        reader = Reader(body)
+        client_id, qos, retain = reader.text(), reader.u8(), bool(reader.u8())
+        ids = reader.offsets()
+        name, topic_filter = reader.text(), reader.text()
+        if qos > 2:
+            raise LinkError("deliver: bad QoS")
+        group = (name, topic_filter) if name else None
+        return cls(client_id, qos, retain, ids, group, _rest(body, reader))
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A session handed over to the sender is in place, its routes sent: drop the stand-in."""
+
+    client_id: str
+
+    def encode(self) -> bytes:
+        return Writer().text(self.client_id).frame(FrameType.SETTLED)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Settled:
+        reader = Reader(body)
+        frame = cls(reader.text())
+        reader.end()
+        return frame
+
+
+Frame = (Hello | Routes | Forward | Append | Retain | Reply | QueryRetained | Retained | Claim
+         | Release | Claimed | Register | Sync | Synced | Stats | Barrier | BarrierDone
+         | Deliver | Settled)
+
+FRAMES: dict[int, type[Frame]] = {  # type: ignore[valid-type]
+    FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
+    FrameType.APPEND: Append, FrameType.RETAIN: Retain, FrameType.REPLY: Reply,
+    FrameType.QUERY_RETAINED: QueryRetained, FrameType.RETAINED: Retained,
+    FrameType.CLAIM: Claim, FrameType.RELEASE: Release, FrameType.CLAIMED: Claimed,
+    FrameType.REGISTER: Register, FrameType.SYNC: Sync, FrameType.SYNCED: Synced,
+    FrameType.STATS: Stats, FrameType.BARRIER: Barrier, FrameType.BARRIER_DONE: BarrierDone,
+    FrameType.DELIVER: Deliver, FrameType.SETTLED: Settled,
+}
+
+
+def decode_frame(frame_type: int, body: bytes) -> Frame:  # type: ignore[valid-type]
+    """The frame of ``frame_type`` in ``body`` (``LinkError`` if it does not decode)."""
+    return FRAMES[frame_type].decode(body)  # type: ignore[attr-defined,no-any-return]
 
 
 # ---------------------------------------------------------------------- the stream

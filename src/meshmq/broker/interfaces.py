@@ -1,0 +1,156 @@
+"""What the broker core needs from outside one router, as small interfaces of its own.
+
+The core (this package: protocol glue, sessions, router, persistence) serves one router. What
+lies beyond it is asked for through these interfaces, never by importing the layer that
+provides it (``cluster/`` implements them for many routers and imports the core; the core
+never imports ``cluster/``). A single-process node uses the versions in ``broker/local.py``,
+so the core has no "am I alone?" branches.
+
+* ``Peers``: the other routers a publish may have to reach, and the route changes they hear.
+* ``PartitionLog``: the commit log's partitions, wherever their leaders are (``append`` gives a
+  typed ``AppendOutcome``), the high watermark this router may read up to, and reading.
+* ``RetainedMessages``: where retained messages are stored and looked up.
+* ``SessionDirectory``: which router holds a client id's session (claim on CONNECT, hand-over).
+* ``NodeStatistics``: the node-wide totals ``$SYS`` publishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from meshmq.broker.message import Message
+    from meshmq.broker.session import Session
+    from meshmq.log.record import Record
+
+SharedKey = tuple[str, str]  # (share name, topic filter)
+Done = Callable[[], None]
+
+
+class Peers(Protocol):
+    """The node's other routers, as the router sees them."""
+
+    def route(self, message: Message, local_groups: Collection[SharedKey], now: float
+              ) -> tuple[list[SharedKey], int]:
+        """After the local plain deliveries: send ``message`` to every peer with a match and
+        choose, for each shared group (``local_groups``: those with members here), who serves
+        it. Returns the groups to serve here and the number of peers sent to."""
+
+    def group_elsewhere(self, key: SharedKey, message: Message, now: float) -> int:
+        """A shared message none of whose members is left here: 1 if a peer takes it."""
+
+    def route_changed(self, added: bool, group: str, topic_filter: str) -> None:
+        """A subscription was added or removed here (``group``: "" for a plain one)."""
+
+    def barrier(self, done: Done) -> None:
+        """``done()`` once every peer routes according to the changes made so far."""
+
+
+# ---------------------------------------------------------------------- the commit log
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """Durable here: the caller routes the message and advances the high watermark."""
+
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredElsewhere:
+    """Durable at the partition's leader, which routed it to ``receivers`` receivers."""
+
+    partition: int
+    offset: int
+    receivers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Not stored: the publisher is told ``reason_code`` (3.1.1: disconnected)."""
+
+    reason_code: int
+    why: str
+
+
+AppendOutcome = Stored | StoredElsewhere | Refused
+Completion = Callable[[AppendOutcome], None]
+
+
+class PartitionLog(Protocol):
+    """The commit log as one router sees it."""
+
+    high_watermark: list[int]  # per partition: the offset after the last record routed here
+
+    def wants(self, topic: str, qos: int) -> bool:
+        """Is a publish on ``topic`` at ``qos`` persisted?"""
+
+    def append(self, message: Message, client_id: str, done: Completion) -> bool:
+        """Persist ``message``; ``done`` gets the outcome later, on the loop (never from
+        inside this call). False, without ``done``, when the log's queue is full."""
+
+    def routed(self, partition: int, offset: int) -> None:
+        """The record at ``offset`` is being routed here: the high watermark passes it."""
+
+    def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
+        """Records from ``offset`` (raises ``OffsetOutOfRange`` below the earliest)."""
+
+    def earliest_offset(self, partition: int) -> int: ...
+
+    def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None: ...
+
+    def sync(self, done: Done) -> None:
+        """Bring ``high_watermark`` up to where the leaders are, as of after the route
+        changes made so far; then ``done()``."""
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------- retained messages
+
+
+class RetainedMessages(Protocol):
+    """The node's retained messages."""
+
+    def keep(self, message: Message, done: Done | None) -> None:
+        """Store ``message`` as its topic's retained message (an empty payload clears it);
+        ``done()`` once that is durable. The caller has routed it already."""
+
+    def query(self, filters: list[str], done: Callable[[list[list[Message]]], None]) -> None:
+        """The retained messages matching each of ``filters`` (plain filters)."""
+
+    def count(self) -> int:
+        """Retained messages held by this router (for ``$SYS``)."""
+
+
+# ---------------------------------------------------------------------- sessions
+
+
+class SessionDirectory(Protocol):
+    """Which router holds each client id's session."""
+
+    def claim(self, client_id: str, clean_start: bool,
+              done: Callable[[list[Session]], None]) -> bool:
+        """A CONNECT for ``client_id`` is accepted here: take its session over from wherever
+        it is (or end it, with ``clean_start``). False when no one else can hold it (the
+        caller goes on at once, ``done`` is never called); else ``done(adopted)`` later."""
+
+    def settled(self, client_id: str, adopted: list[Session]) -> None:
+        """The adopted sessions are in place here (their routes announced)."""
+
+    def created(self, session: Session) -> None:
+        """A new session exists here."""
+
+    def ended(self, session: Session) -> None:
+        """A session here ended."""
+
+
+class NodeStatistics(Protocol):
+    """Where ``$SYS`` gets the node's totals."""
+
+    def totals(self, mine: dict[str, int]) -> dict[str, int] | None:
+        """This router's counters in; the node's totals out, or None when another router
+        publishes them."""

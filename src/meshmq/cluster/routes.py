@@ -1,0 +1,161 @@
+"""Routes across the mesh: which filters have subscribers where, and who serves a shared group.
+
+Theory of operation
+-------------------
+``Routes`` is sans-I/O. It holds both sides of the route exchange:
+
+* **ours**: the router reports every subscription added or removed (``local_change``); routes
+  are counted per (group, filter), and only a filter's first subscriber and its last one's
+  departure are news for the peers (``take_changes()`` gives the batch to send in a
+  ``ROUTES`` frame; ``announce_all()`` the whole set for a new link);
+* **theirs**: each peer's announced routes (``apply``), kept in two tries: plain filters →
+  peers, and shared filters → group → peers. A peer whose link drops loses them (``forget``).
+
+``targets(topic, local_groups)`` decides where a publish goes besides the local plain
+subscribers: every peer with a matching plain route gets it once, and each shared group that
+matches, wherever its members are, gets exactly one delivery, round robin over this worker (if it
+has members) and the peers with members. It returns the groups to serve here and, per peer, the
+groups that peer must serve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+from meshmq.broker.trie import SubscriptionTrie
+
+RouteKey = tuple[str, str]  # (group or "", filter)
+RouteChange = tuple[bool, str, str]  # (added, group or "", filter)
+LOCAL = -1  # "this worker" among the candidates of a shared group
+
+
+class Routes:
+    """This worker's routes, as announced, and its peers' routes, as heard."""
+
+    def __init__(self) -> None:
+        self._local: dict[RouteKey, int] = {}  # subscribers here per (group, filter)
+        self._changes: list[RouteChange] = []
+        self._peer_routes: dict[int, set[RouteKey]] = {}
+        self.remote: SubscriptionTrie[int, bool] = SubscriptionTrie()
+        self.remote_shared: SubscriptionTrie[str, set[int]] = SubscriptionTrie()
+        self._turn: dict[RouteKey, int] = {}
+
+    # ------------------------------------------------------------------ ours
+
+    def local_change(self, added: bool, group: str, topic_filter: str) -> bool:
+        """A subscription here was added or removed; True if the peers must hear of it
+        (queued for ``take_changes``)."""
+        key = (group, topic_filter)
+        count = self._local.get(key, 0) + (1 if added else -1)
+        if count > 0:
+            self._local[key] = count
+            if count == 1 and added:
+                self._changes.append((True, group, topic_filter))
+                return True
+        elif key in self._local:
+            del self._local[key]
+            self._changes.append((False, group, topic_filter))
+            return True
+        return False
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._changes)
+
+    def take_changes(self) -> list[RouteChange]:
+        """The route changes to announce to every peer, in order (then forgotten)."""
+        changes, self._changes = self._changes, []
+        return changes
+
+    def announce_all(self) -> list[RouteChange]:
+        """Every route this worker has, for a peer that just linked."""
+        return [(True, group, topic_filter) for group, topic_filter in self._local]
+
+    # ------------------------------------------------------------------ theirs
+
+    def apply(self, peer: int, changes: Iterable[RouteChange]) -> None:
+        """A ``ROUTES`` frame from ``peer``."""
+        known = self._peer_routes.setdefault(peer, set())
+        for added, group, topic_filter in changes:
+            key = (group, topic_filter)
+            if added and key not in known:
+                known.add(key)
+                self._add_remote(peer, key)
+            elif not added and key in known:
+                known.discard(key)
+                self._remove_remote(peer, key)
+
+    def forget(self, peer: int) -> None:
+        """``peer``'s link dropped: its routes go (it announces them again when it relinks)."""
+        for key in self._peer_routes.pop(peer, set()):
+            self._remove_remote(peer, key)
+
+    def peer_routes(self, peer: int) -> set[RouteKey]:
+        return set(self._peer_routes.get(peer, ()))
+
+    def _add_remote(self, peer: int, key: RouteKey) -> None:
+        group, topic_filter = key
+        if not group:
+            self.remote.add(topic_filter, peer, True)
+            return
+        peers = self.remote_shared.get(topic_filter, group)
+        if peers is None:
+            self.remote_shared.add(topic_filter, group, {peer})
+        else:
+            peers.add(peer)
+
+    def _remove_remote(self, peer: int, key: RouteKey) -> None:
+        group, topic_filter = key
+        if not group:
+            self.remote.remove(topic_filter, peer)
+            return
+        peers = self.remote_shared.get(topic_filter, group)
+        if peers is not None:
+            peers.discard(peer)
+            if not peers:
+                self.remote_shared.remove(topic_filter, group)
+
+    # ------------------------------------------------------------------ routing
+
+    def plain_peers(self, topic: str) -> set[int]:
+        """Peers with a plain route matching ``topic``."""
+        found: set[int] = set()
+        if self.remote.entry_count:
+            for _, peers in self.remote.match(topic):
+                found.update(peers)
+        return found
+
+    def targets(self, topic: str, local_groups: Collection[RouteKey], linked: Collection[int]
+                ) -> tuple[list[RouteKey], dict[int, list[RouteKey]]]:
+        """Where a publish on ``topic`` goes besides the local plain subscribers: the shared
+        groups to serve here, and per linked peer the groups it serves (an empty list: plain
+        subscribers only). ``local_groups``: the groups matching ``topic`` with members here."""
+        targets: dict[int, list[RouteKey]] = {p: [] for p in self.plain_peers(topic)
+                                              if p in linked}
+        here: list[RouteKey] = []
+        remote = self.remote_shared.match(topic) if self.remote_shared.entry_count else ()
+        if not remote and not local_groups:
+            return here, targets
+        remote_groups = {(name, f): peers for f, groups in remote
+                         for name, peers in groups.items()}
+        for key in sorted(set(local_groups) | remote_groups.keys()):
+            candidates = [LOCAL] if key in local_groups else []
+            candidates += sorted(p for p in remote_groups.get(key, ()) if p in linked)
+            if not candidates:
+                continue
+            chosen = self._next_in_turn(key, candidates)
+            if chosen == LOCAL:
+                here.append(key)
+            else:
+                targets.setdefault(chosen, []).append(key)
+        return here, targets
+
+    def group_peer(self, key: RouteKey, linked: Collection[int]) -> int | None:
+        """A peer with members of the shared group ``key`` (none left here), round robin."""
+        peers = sorted(p for p in self.remote_shared.get(key[1], key[0]) or () if p in linked)
+        return self._next_in_turn(key, peers) if peers else None
+
+    def _next_in_turn(self, key: RouteKey, candidates: list[int]) -> int:
+        turn = self._turn.get(key, 0)
+        self._turn[key] = turn + 1
+        return candidates[turn % len(candidates)]
