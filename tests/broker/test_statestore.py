@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshmq.broker.statestore import StateError, StateStore, apply, empty_state
+from meshmq.broker.statefiles import StateError, apply, empty_state
+from meshmq.broker.statestore import StateStore
 
 client_ids = st.sampled_from(["a", "b", "c"])
 filters = st.sampled_from(["x/#", "y/+", "$share/g/z"])
