@@ -157,7 +157,12 @@ def check_directory(path: Path, *, live: bool) -> DirectoryCheck:
         check.lines_applied, check.keep = scan.applied, scan.keep()
         for bad in scan.bad:
             _add_bad_line(check, journal, bad.number, bad.reason, bad.torn,
-                          data[bad.start:bad.end])
+                          data[bad.start:bad.end].removesuffix(b"\n"))
+        if scan.unterminated:
+            check.notes.append((journal, "the last line has no newline yet: a write in progress"
+                                if live else "the last line has no newline (a crash interrupted "
+                                "its write; the entry is whole: the broker keeps it and adds "
+                                "the newline)"))
     check.sessions, check.retained = len(state["sessions"]), len(state["retained"])
     _note_leftovers(check)
     return check
@@ -166,7 +171,7 @@ def check_directory(path: Path, *, live: bool) -> DirectoryCheck:
 def _add_bad_line(check: DirectoryCheck, journal: Path, number: int, reason: str, torn: bool,
                   text: bytes) -> None:
     if torn and check.in_use:
-        check.notes.append((journal, f"line {number} has no newline yet: a write in progress"))
+        check.notes.append((journal, f"line {number} is not whole yet: a write in progress"))
         return
     if torn:
         detail = (f"torn last line ({reason}): a write a crash interrupted, never acknowledged; "

@@ -70,8 +70,8 @@ def read_snapshot(path: Path) -> tuple[int, State]:
 class BadLine:
     """A journal line that does not apply: bytes ``[start, end)``, ``number`` counted from 1.
 
-    ``torn`` marks bytes after the last newline: a write a crash interrupted, never
-    acknowledged. Any other bad line is damage.
+    ``torn`` marks bytes after the last newline that do not decode: a write a crash
+    interrupted, never acknowledged. Any other bad line is damage.
     """
 
     number: int
@@ -83,11 +83,16 @@ class BadLine:
 
 @dataclass(slots=True)
 class JournalScan:
-    """What ``scan_journal`` found: how many lines applied and which did not."""
+    """What ``scan_journal`` found: how many lines applied and which did not.
+
+    ``unterminated``: the last line is a whole entry (applied) but its newline was never
+    written; the owner adds it before appending, or the next line would be glued onto it.
+    """
 
     size: int
     applied: int = 0
     bad: list[BadLine] = field(default_factory=list)
+    unterminated: bool = False
 
     @property
     def damaged(self) -> list[BadLine]:
@@ -117,18 +122,16 @@ def scan_journal(data: bytes, state: State) -> JournalScan:
         start, position = position, position + len(line) + 1
         if not line:
             continue
-        torn = position > len(data)  # no newline after it
+        last = position > len(data)  # no newline after it
         try:
             entry = json.loads(line)
             check_entry(entry)
         except ValueError as error:
-            scan.bad.append(BadLine(number, start, min(position, len(data)), str(error), torn))
-            continue
-        if torn:
-            scan.bad.append(BadLine(number, start, len(data), "no newline at its end", True))
+            scan.bad.append(BadLine(number, start, min(position, len(data)), str(error), last))
             continue
         apply(state, entry)
         scan.applied += 1
+        scan.unterminated = last
     return scan
 
 

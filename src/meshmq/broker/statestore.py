@@ -24,8 +24,9 @@ at any point leaves either the old snapshot with its whole journal or the new sn
 
 ``load()`` reads the snapshot and applies its journal. Bytes after the journal's last newline
 are a write a crash interrupted (the writer writes whole lines and fsyncs before acknowledging
-anything): they are cut off, after the journal as it was is kept in ``repair-backup-<UTC
-time>/`` beside it (the commit log's ``backup.py``), and the warning names the copy. A damaged
+anything): a whole entry there is applied and gets its newline; anything else is cut off,
+after the journal as it was is kept in ``repair-backup-<UTC time>/`` beside it (the commit
+log's ``backup.py``), and the warning names the copy. A damaged
 line before the end is an error naming the file, the line and ``meshmq state verify|repair``
 (``statecheck.py``). The files and their reading are in ``statefiles.py``.
 
@@ -131,6 +132,9 @@ class StateStore:
             kept = cut_file(journal, scan.keep())
             log.warning("state journal: cut a torn last line (%d bytes) file=%s kept=%s",
                         scan.size - scan.bad[0].start, journal, kept)
+        elif scan.unterminated:  # a whole entry whose newline a crash kept from the disk
+            with open(journal, "ab") as handle:
+                handle.write(b"\n")
 
     def _journal_path(self, generation: int) -> Path:
         return self.directory / journal_name(generation)
