@@ -195,7 +195,9 @@ def test_unclean_reopen_keeps_the_cut_tail_and_reports_where(tmp_path: Path) -> 
     assert kept.read_bytes() == torn
     assert path.read_bytes() == torn[: len(torn) - reopened.recovery.truncated_bytes]
     reopened.close()
-    assert Partition(tmp_path, SMALL).recovery.kept_tail is None  # nothing cut: nothing kept
+    clean = Partition(tmp_path, SMALL)
+    assert clean.recovery.kept_tail is None  # nothing cut: nothing kept
+    clean.close()
 
 
 def test_unclean_reopen_refuses_corruption_mid_active_segment(tmp_path: Path) -> None:

@@ -149,7 +149,8 @@ def check_directory(path: Path, *, live: bool) -> DirectoryCheck:
         try:
             check.generation, state = read_snapshot(snapshot)
         except StateError as error:
-            check.problems.append(StateProblem(snapshot, "snapshot", str(error)))
+            detail = str(error).removeprefix(f"{snapshot}: ")  # the problem names the file
+            check.problems.append(StateProblem(snapshot, "snapshot", detail))
     journal = path / journal_name(check.generation)
     if journal.exists():
         check.journal, data = journal, journal.read_bytes()
