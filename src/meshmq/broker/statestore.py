@@ -129,7 +129,11 @@ class StateStore:
                 f"`{state_tool('repair', self.directory)}` sets the damaged lines aside and "
                 "keeps every good one")
         if scan.bad:  # the torn end of a crash mid-write: never acknowledged
-            kept = cut_file(journal, scan.keep())
+            try:
+                kept = cut_file(journal, scan.keep())
+            except OSError as error:  # never cut what could not be kept
+                raise StateError(f"{journal}: its torn last line was not cut off, as no copy "
+                                 f"of the journal could be kept ({error})") from None
             log.warning("state journal: cut a torn last line (%d bytes) file=%s kept=%s",
                         scan.size - scan.bad[0].start, journal, kept)
         elif scan.unterminated:  # a whole entry whose newline a crash kept from the disk
