@@ -1,4 +1,4 @@
-"""Command line: ``meshmq serve | pub | sub | passwd | log | pipeline | config``.
+"""Command line: ``meshmq serve | pub | sub | passwd | log | state | pipeline | config``.
 
 Exit status 2 means bad usage or bad configuration (one line on stderr); ``serve`` otherwise
 returns what the broker returns.
@@ -12,6 +12,7 @@ import sys
 
 from meshmq import __version__
 from meshmq.auth.cli import add_passwd_command
+from meshmq.broker.statecli import add_state_command
 from meshmq.clients import add_client_commands
 from meshmq.config import ConfigError, allowed_values, config_reference, load_config
 from meshmq.log.cli import add_log_command
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_commands(commands)
     add_passwd_command(commands)
     add_log_command(commands)
+    add_state_command(commands)
     commands.add_parser("pipeline", help="run a Spark job over the commit log "
                         "(meshmq pipeline --help)")  # parsed by meshmq.pipeline.cli
 
