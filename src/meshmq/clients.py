@@ -1,15 +1,26 @@
 """``meshmq pub`` and ``meshmq sub``: small command-line clients built on paho-mqtt.
 
 Options follow mosquitto_pub/mosquitto_sub where they can: ``-h``/``-H``/``--host`` is the
-host (so help is ``--help`` only), ``-p`` port, ``-q`` QoS, ``-V 311|5``, ``-u``/``-P``/``-i``.
+host (so help is ``--help`` only), ``-p`` port, ``-q`` QoS, ``-V 311|5``, ``-u``/``-P``/``-i``,
+and for TLS ``--cafile``/``--tls-use-os-certs``, ``--cert``/``--key``, ``--insecure``. mosquitto
+has no WebSocket client; here ``--ws`` (and ``--ws-path``) speaks MQTT over WebSocket, over TLS
+when a TLS option is given too. The default port is the broker's default for that listener.
 Exit status: 0 done, 1 the broker refused or the connection failed (one line on stderr),
 2 bad usage.
+
+``pub`` reports a message the broker did not take. With 5.0 the CONNACK gives the broker's
+Maximum Packet Size, and a bigger PUBLISH is not sent at all (MQTT-3.2.2-15); otherwise the
+broker closes the connection, which QoS 1/2 notice while waiting for the acknowledgement. QoS 0
+has none, so ``pub`` follows its publishes with an UNSUBSCRIBE (of nothing: its session is
+new) and waits for the UNSUBACK, which the broker sends only once it has handled what came
+before.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 import threading
 import time
@@ -20,8 +31,16 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from meshmq.mqtt.codec import encode_packet
+from meshmq.mqtt.errors import LocalProtocolError
+from meshmq.mqtt.packets import MQTT_5, Publish
+
 TIMEOUT = 10.0  # seconds to wait for CONNACK, SUBACK, a publish acknowledgement, DISCONNECT
 EXPIRY_NEVER = 0xFFFFFFFF
+# (TLS, WebSocket) -> default port: the broker's default for that listener (docs/configuration.md)
+DEFAULT_PORTS = {(False, False): 1883, (True, False): 8883, (False, True): 8083,
+                 (True, True): 8084}
+DEFAULT_WS_PATH = "/mqtt"
 
 
 class ClientError(Exception):
@@ -63,8 +82,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--help", action="help", help="show this help and exit")
     parser.add_argument("-H", "-h", "--host", default="127.0.0.1",
                         help="broker host (default 127.0.0.1)")
-    parser.add_argument("-p", "--port", type=_count(1, 65535), default=1883,
-                        help="broker port (default 1883)")
+    parser.add_argument("-p", "--port", type=_count(1, 65535),
+                        help="broker port (default 1883; TLS 8883, --ws 8083, both 8084)")
     parser.add_argument("-q", "--qos", type=int, choices=(0, 1, 2), default=0,
                         help="QoS (default 0)")
     parser.add_argument("-V", "--mqtt-version", choices=("311", "5"), default="5",
@@ -73,6 +92,40 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-P", "--password")
     parser.add_argument("-i", "--client-id", default="",
                         help="client identifier (default: empty, the broker assigns one on 5.0)")
+    tls = parser.add_argument_group("TLS (on with --cafile or --tls-use-os-certs)")
+    tls.add_argument("--cafile", metavar="FILE",
+                     help="PEM CA certificates to verify the broker's certificate with")
+    tls.add_argument("--tls-use-os-certs", action="store_true",
+                     help="verify the broker's certificate with the system's CA certificates")
+    tls.add_argument("--cert", metavar="FILE", help="PEM client certificate (mutual TLS)")
+    tls.add_argument("--key", metavar="FILE",
+                     help="PEM private key of --cert (default: in the --cert file)")
+    tls.add_argument("--insecure", action="store_true",
+                     help="do not check that the broker's certificate names the host")
+    ws = parser.add_argument_group("WebSocket")
+    ws.add_argument("--ws", action="store_true",
+                    help="MQTT over WebSocket (over TLS with a TLS option)")
+    ws.add_argument("--ws-path", metavar="PATH",
+                    help=f"HTTP path of the WebSocket endpoint (default {DEFAULT_WS_PATH})")
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    """Exit with the command's usage (status 2) if the options shared by pub and sub clash."""
+    fail = args.parser.error
+    if args.password is not None and args.username is None:
+        fail("-P/--password needs -u/--username")
+    tls = args.cafile is not None or args.tls_use_os_certs
+    for flag, given in (("--cert", args.cert), ("--key", args.key),
+                        ("--insecure", args.insecure)):
+        if given and not tls:
+            fail(f"{flag} needs --cafile or --tls-use-os-certs")
+    if args.key is not None and args.cert is None:
+        fail("--key needs --cert")
+    if args.ws_path is not None:
+        if not args.ws:
+            fail("--ws-path needs --ws")
+        if not args.ws_path.startswith("/"):
+            fail(f"--ws-path must start with '/', got {args.ws_path!r}")
 
 
 def _count(low: int, high: int | None = None) -> Any:
@@ -89,18 +142,50 @@ def _count(low: int, high: int | None = None) -> Any:
     return parse
 
 
+def _tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The SSLContext the TLS options ask for (None: no TLS), or raise ClientError."""
+    if args.cafile is None and not args.tls_use_os_certs:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=args.cafile)
+        if args.tls_use_os_certs and args.cafile is not None:
+            context.load_default_certs()
+    except OSError as exc:  # ssl.SSLError included
+        raise ClientError(f"cannot load --cafile {args.cafile}: {_reason(exc)}") from None
+    if args.cert is not None:
+        try:
+            context.load_cert_chain(args.cert, args.key)
+        except OSError as exc:
+            raise ClientError(f"cannot load --cert {args.cert}: {_reason(exc)}") from None
+    context.check_hostname = not args.insecure  # paho then skips its own host name check
+    return context
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
 class _Link:
     """A paho client with its network thread and the events a command waits on."""
 
     def __init__(self, args: argparse.Namespace, clean: bool = True, manual_ack: bool = False):
+        """Set up the client the options describe, or raise ClientError (certificates)."""
         self.args = args
         self.v5 = args.mqtt_version == "5"
+        context = _tls_context(args)
+        self.port = args.port or DEFAULT_PORTS[context is not None, args.ws]
+        self.where = self._url(context is not None)
         extra: dict[str, Any] = {} if self.v5 else {"clean_session": clean}
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=args.client_id,
             protocol=mqtt.MQTTv5 if self.v5 else mqtt.MQTTv311,
+            transport="websockets" if args.ws else "tcp",
             reconnect_on_failure=False, manual_ack=manual_ack, **extra,
         )
+        if args.ws:
+            self.client.ws_set_options(path=args.ws_path or DEFAULT_WS_PATH)
+        if context is not None:
+            self.client.tls_set_context(context)
         if args.username is not None:
             self.client.username_pw_set(args.username, args.password)
         self.client.on_connect = self._on_connect
@@ -109,28 +194,40 @@ class _Link:
         self.closed = threading.Event()
         self.refusal: Any = None
         self.close_reason: Any = None
+        self.closed_by_broker = False  # a 5.0 DISCONNECT from the broker said why
+        self.max_packet_size: int | None = None  # the broker's, from a 5.0 CONNACK
         self._opened = False
         self._started = False
         self._disconnecting = False
 
+    def _url(self, tls: bool) -> str:
+        """Where we connect, for messages: host:port, or a URL when not plain MQTT/TCP."""
+        args = self.args
+        if args.ws:
+            return f"{'wss' if tls else 'ws'}://{args.host}:{self.port}" \
+                   f"{args.ws_path or DEFAULT_WS_PATH}"
+        return f"mqtts://{args.host}:{self.port}" if tls else f"{args.host}:{self.port}"
+
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         if reason.is_failure:
             self.refusal = reason
+        self.max_packet_size = getattr(props, "MaximumPacketSize", None)
         self.connack.set()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any,
                        props: Any) -> None:
         self.close_reason = reason
+        self.closed_by_broker = flags.is_disconnect_packet_from_server
         self.closed.set()
         self.connack.set()
 
     def connect(self, clean: bool = True, expiry: int | None = None,
                 receive_maximum: int | None = None) -> None:
-        """Open the TCP connection and send CONNECT, or raise ClientError.
+        """Open the connection (TLS and WebSocket handshakes included) and send CONNECT, or
+        raise ClientError.
 
         Packets queued between this and ``start()`` follow CONNECT in that order.
         """
-        where = f"{self.args.host}:{self.args.port}"
         try:
             if self.v5:
                 props = None
@@ -140,29 +237,54 @@ class _Link:
                         props.SessionExpiryInterval = expiry
                     if receive_maximum:
                         props.ReceiveMaximum = receive_maximum
-                self.client.connect(self.args.host, self.args.port, clean_start=clean,
+                self.client.connect(self.args.host, self.port, clean_start=clean,
                                     properties=props)
             else:
-                self.client.connect(self.args.host, self.args.port)
+                self.client.connect(self.args.host, self.port)
             self._opened = True
-        except (OSError, ValueError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            raise ClientError(f"cannot connect to {where}: {reason}") from None
+        except (OSError, ValueError) as exc:  # ssl.SSLError and WebSocket errors included
+            raise ClientError(f"cannot connect to {self.where}: {_reason(exc)}") from None
 
     def start(self) -> None:
         """Start the network thread and wait for a successful CONNACK, or raise ClientError."""
-        where = f"{self.args.host}:{self.args.port}"
         self.client.loop_start()
         self._started = True
         if not self.connack.wait(TIMEOUT):
-            raise ClientError(f"no CONNACK from {where} within {TIMEOUT:g} s")
+            raise ClientError(f"no CONNACK from {self.where} within {TIMEOUT:g} s")
         if self.refusal is not None:
             raise ClientError(f"connection refused: {self.refusal}")
         if self.closed.is_set():
-            raise ClientError(f"connection to {where} closed before CONNACK")
+            raise ClientError(f"connection to {self.where} closed before CONNACK")
 
     def lost(self) -> ClientError:
-        return ClientError(f"connection lost: {self.close_reason}")
+        if self.closed_by_broker:
+            return ClientError(f"the broker closed the connection: {self._broker_reason()}")
+        return ClientError("connection lost")  # paho's own reason code says nothing more
+
+    def refused(self) -> ClientError:
+        """The connection closed while a publish waited: the broker did not take it."""
+        if self.closed_by_broker:
+            return ClientError(f"the broker refused the message and closed the connection: "
+                               f"{self._broker_reason()}")
+        why = "" if self.v5 else (" (MQTT 3.1.1 gives no reason: a message over the broker's"
+                                  " maximum packet size is one)")
+        return ClientError(f"the broker closed the connection instead of taking the message{why}")
+
+    def _broker_reason(self) -> str:
+        """The reason code of the broker's DISCONNECT: 'Packet too large (0x95)'."""
+        return f"{self.close_reason} (0x{self.close_reason.value:02X})"
+
+    def confirm(self, topic: str, deadline: float) -> None:
+        """Wait until the broker has handled every packet sent so far (see the module's
+        docstring), or raise ClientError: the connection closed meanwhile."""
+        answered = threading.Event()
+        self.client.on_unsubscribe = lambda *_: answered.set()
+        self.client.unsubscribe(topic)  # MQTT-3.10.4-4: answered with an UNSUBACK
+        while not answered.wait(0.05):
+            if self.closed.is_set():
+                raise self.refused()
+            if time.monotonic() > deadline:
+                raise ClientError(f"no answer from the broker within {TIMEOUT:g} s")
 
     def disconnect(self) -> None:
         """Queue a DISCONNECT (once); safe to call from a paho callback."""
@@ -187,8 +309,7 @@ def _fail(command: str, error: ClientError) -> int:
 
 
 def _pub(args: argparse.Namespace) -> int:
-    if args.password is not None and args.username is None:
-        args.parser.error("-P/--password needs -u/--username")
+    _check_common(args)
     if args.file is not None:
         try:
             with open(args.file, "rb") as handle:
@@ -198,7 +319,10 @@ def _pub(args: argparse.Namespace) -> int:
     else:
         payload = b"" if args.null_message else args.message.encode()
 
-    link = _Link(args)
+    try:
+        link = _Link(args)
+    except ClientError as error:
+        return _fail("pub", error)
     refused: dict[int, Any] = {}
 
     def on_publish(client: Any, userdata: Any, mid: int, reason: Any, props: Any) -> None:
@@ -209,6 +333,7 @@ def _pub(args: argparse.Namespace) -> int:
     try:
         link.connect()
         link.start()
+        _check_size(link, args, payload)
         try:
             infos = [link.client.publish(args.topic, payload, qos=args.qos, retain=args.retain)
                      for _ in range(args.repeat)]
@@ -219,6 +344,8 @@ def _pub(args: argparse.Namespace) -> int:
             _wait_published(link, info, deadline)
             if info.mid in refused:
                 raise ClientError(f"publish refused: {refused[info.mid]}")
+        if args.qos == 0:
+            link.confirm(args.topic, deadline)
     except ClientError as error:
         return _fail("pub", error)
     finally:
@@ -226,11 +353,28 @@ def _pub(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_size(link: _Link, args: argparse.Namespace, payload: bytes) -> None:
+    """Raise ClientError, sending nothing, if the PUBLISH is over the broker's Maximum Packet
+    Size (5.0 CONNACK; MQTT-3.2.2-15: the client must not send it). paho does not check."""
+    limit = link.max_packet_size
+    if limit is None:
+        return
+    packet = Publish(args.topic, payload, args.qos, args.retain,
+                     packet_id=1 if args.qos else None)  # no properties: paho sends none
+    try:
+        size = len(encode_packet(packet, MQTT_5))
+    except LocalProtocolError:  # over MQTT's own limit of 256 MB
+        size = limit + 1
+    if size > limit:
+        raise ClientError(f"message refused: the PUBLISH would be {size} bytes, over the "
+                          f"broker's maximum packet size of {limit} bytes (from its CONNACK)")
+
+
 def _wait_published(link: _Link, info: mqtt.MQTTMessageInfo, deadline: float) -> None:
     try:
         while not info.is_published():
             if link.closed.is_set():
-                raise link.lost()
+                raise link.refused()
             if time.monotonic() > deadline:
                 raise ClientError(f"publish not acknowledged within {TIMEOUT:g} s")
             info.wait_for_publish(0.05)
@@ -239,8 +383,7 @@ def _wait_published(link: _Link, info: mqtt.MQTTMessageInfo, deadline: float) ->
 
 
 def _sub(args: argparse.Namespace) -> int:
-    if args.password is not None and args.username is None:
-        args.parser.error("-P/--password needs -u/--username")
+    _check_common(args)
     if args.persistent and not args.client_id:
         args.parser.error("-c/--persistent needs a client id (-i)")
     if args.session_expiry is not None and args.mqtt_version != "5":
@@ -251,7 +394,10 @@ def _sub(args: argparse.Namespace) -> int:
     # read later is acknowledged): a persistent session keeps the messages after COUNT. paho
     # sends PUBREC as soon as a QoS 2 PUBLISH arrives, so for -C with QoS 2 on 5.0 we also ask
     # the broker for one message in flight at a time (Receive Maximum 1).
-    link = _Link(args, clean=not args.persistent, manual_ack=True)
+    try:
+        link = _Link(args, clean=not args.persistent, manual_ack=True)
+    except ClientError as error:
+        return _fail("sub", error)
     finished = threading.Event()
     received = 0
 
