@@ -77,19 +77,14 @@ def _pipeline(argv: list[str]) -> int:
 
 def spark_install_hint() -> str:
     """The command that installs the spark extra into the Python running this."""
-    python = _shown(sys.executable)
     root = Path(__file__).resolve().parents[2]  # a source checkout: src/meshmq/cli.py
     if not (root / "pyproject.toml").is_file():
-        return f"install it with {python} -m pip install 'meshmq[spark]'"
+        return f"install it with {sys.executable} -m pip install 'meshmq[spark]'"
     if root == Path.cwd().resolve():
+        python = os.path.relpath(sys.executable) if sys.executable.startswith(f"{root}{os.sep}") \
+            else sys.executable
         return f"run make demo, or install it with {python} -m pip install -e '.[spark]'"
-    return f"install it with {python} -m pip install -e '{root}[spark]'"
-
-
-def _shown(path: str) -> str:
-    """``path`` relative to the working directory when it is below it."""
-    relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
+    return f"install it with {sys.executable} -m pip install -e '{root}[spark]'"
 
 
 def build_parser() -> argparse.ArgumentParser:
