@@ -2,25 +2,47 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: serve test lint clean
+# One stamp per set of extras, so that each target installs only what it needs and switching
+# between targets, in any order, installs nothing twice. A stamp is redone when pyproject.toml
+# changes. A larger set also stamps the sets it contains.
+BROKER := $(VENV)/.installed-broker
+SPARK := $(VENV)/.installed-spark
+TEST := $(VENV)/.installed-test
+
+.PHONY: serve demo test lint clean
 
 # The virtualenv, made once.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# meshmq and its pinned dependencies; redone only when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark]'
+# The broker and the pub/sub clients: meshmq and its pinned dependencies, no extras.
+$(BROKER): pyproject.toml | $(BIN)/python
+	$(PIP) -e .
 	touch $@
 
+# The data pipeline (meshmq pipeline ...): pyspark, pyarrow, numpy, matplotlib.
+$(SPARK): pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[spark]'
+	touch $@ $(BROKER)
+
+# The test suite, which includes the pipeline's tests: the test tools and the spark extra.
+$(TEST): pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[test,spark]'
+	touch $@ $(SPARK) $(BROKER)
+
 ## Start a broker with embedded defaults: MQTT on 0.0.0.0:1883, data under ./data.
-serve: $(VENV)/.installed
+serve: $(BROKER)
 	$(BIN)/meshmq serve
+
+## Run the pipeline demo (needs Java 17): a broker, simulated devices, the Spark jobs, a report.
+demo: $(SPARK)
+	$(BIN)/meshmq pipeline demo
 
 ## Run the whole test suite: lint, then pytest on 2 workers. The mosquitto clients are needed
 ## by the interop tests (which skip without them); installing them is best effort.
-test: $(VENV)/.installed
+test: $(TEST)
 	@command -v mosquitto_pub >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing mosquitto-clients"; \
@@ -34,8 +56,8 @@ test: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
-## Lint only.
-lint: $(VENV)/.installed
+## Lint only (in the test environment, where ruff is).
+lint: $(TEST)
 	$(BIN)/ruff check src tests bench
 
 ## Remove the virtualenv and build/test caches (not ./data).

@@ -5,6 +5,9 @@ pub/sub against a running broker are tested with the broker (tests/broker/).
 
 from __future__ import annotations
 
+import os
+import re
+import site
 import socket
 import subprocess
 import sys
@@ -15,8 +18,11 @@ from pathlib import Path
 import pytest
 
 from meshmq import __version__
-from meshmq.cli import build_parser, main, render_config_reference
+from meshmq.cli import SPARK_MODULES, build_parser, main, render_config_reference
+from meshmq.clientlink import ClientLink
 from meshmq.config import BrokerConfig, config_reference, load_config
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout these tests run from
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -155,7 +161,9 @@ def parse(*argv: str):
 def test_pub_options() -> None:
     args = parse("pub", "-t", "a/b", "-m", "hi")
     assert (args.host, args.port, args.qos, args.mqtt_version, args.repeat) == (
-        "127.0.0.1", 1883, 0, "5", 1)
+        "127.0.0.1", None, 0, "5", 1)  # port None: the default of the transport chosen
+    assert (args.cafile, args.cert, args.key, args.insecure, args.ws, args.ws_path) == (
+        None, None, None, False, False, None)
     args = parse("pub", "-h", "broker", "-p", "1884", "-q", "2", "-r", "-V", "311", "-u", "me",
                  "-P", "pw", "-i", "cid", "--repeat", "3", "-t", "x", "-n")
     assert (args.host, args.port, args.qos, args.retain, args.mqtt_version) == (
@@ -164,6 +172,11 @@ def test_pub_options() -> None:
     assert args.null_message and args.message is None
     assert parse("pub", "-H", "other", "-t", "x", "-f", "payload.bin").host == "other"
     assert parse("pub", "--host", "third", "-t", "x", "-n").host == "third"
+    args = parse("pub", "-t", "x", "-n", "--cafile", "ca.pem", "--cert", "c.pem", "--key",
+                 "k.pem", "--insecure", "--ws", "--ws-path", "/m")
+    assert (args.cafile, args.cert, args.key, args.insecure, args.ws, args.ws_path) == (
+        "ca.pem", "c.pem", "k.pem", True, True, "/m")
+    assert parse("sub", "-t", "x", "--tls-use-os-certs").tls_use_os_certs
 
 
 def test_sub_options() -> None:
@@ -191,12 +204,36 @@ def test_sub_options() -> None:
         ["sub", "-t", "x", "-c"],  # persistent session needs a client id
         ["sub", "-t", "x", "-x", "60", "-V", "311"],  # session expiry is 5.0 only
         ["sub", "-t", "x", "-x", "-1"],
+        ["pub", "-t", "x", "-m", "a", "--cert", "c.pem"],  # TLS options need a CA to trust
+        ["pub", "-t", "x", "-m", "a", "--insecure"],
+        ["sub", "-t", "x", "--cafile", "ca.pem", "--key", "k.pem"],  # a key needs --cert
+        ["sub", "-t", "x", "--ws-path", "/mqtt"],  # without --ws
+        ["pub", "-t", "x", "-m", "a", "--ws", "--ws-path", "mqtt"],
     ],
 )
 def test_client_usage_errors_exit_2(argv: list[str]) -> None:
     result = run_cli(*argv)
     assert result.returncode == 2, result.stderr
-    assert "usage: meshmq" in result.stderr
+    assert result.stderr.startswith(f"usage: meshmq {argv[0]} ")
+    assert result.stderr.splitlines()[-1].startswith(f"meshmq {argv[0]}: error: ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "command", "unknown"),
+    [
+        (["sub", "-t", "x", "--bogus"], "sub", "--bogus"),
+        (["pub", "-t", "x", "-m", "a", "--will-topic", "w"], "pub", "--will-topic w"),
+        (["serve", "--cluster"], "serve", "--cluster"),
+        (["log", "ls", "-d", "data", "--bogus"], "log ls", "--bogus"),
+    ],
+)
+def test_an_unknown_option_prints_the_usage_of_its_command(
+        argv: list[str], command: str, unknown: str) -> None:
+    result = run_cli(*argv)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"usage: meshmq {command} ")
+    assert result.stderr.splitlines()[-1] == (
+        f"meshmq {command}: error: unrecognized arguments: {unknown}")
 
 
 @pytest.mark.parametrize("command", ["pub", "sub"])
@@ -225,3 +262,53 @@ def test_pub_with_unreadable_file_exits_1(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert one_error_line(result) == (
         f"meshmq pub: cannot read {tmp_path / 'absent.bin'}: No such file or directory")
+
+
+@pytest.mark.parametrize(
+    ("options", "where"),
+    [
+        ([], "127.0.0.1:1883"),
+        (["--tls-use-os-certs"], "mqtts://127.0.0.1:8883"),
+        (["--ws"], "ws://127.0.0.1:8083/mqtt"),
+        (["--ws", "--tls-use-os-certs"], "wss://127.0.0.1:8084/mqtt"),
+        (["-p", "1884", "--ws", "--ws-path", "/a/b", "-h", "broker"], "ws://broker:1884/a/b"),
+    ],
+)
+def test_the_default_port_is_the_brokers_default_for_the_transport(
+        options: list[str], where: str) -> None:
+    link = ClientLink(parse("pub", *options, "-t", "x", "-n"))  # not connected
+    assert link.where == where
+
+
+# ---------------------------------------------------------------------------- pipeline
+
+
+def test_spark_modules_are_the_spark_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]["spark"]
+    names = [re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)  # type: ignore[union-attr]
+             for requirement in extra]
+    assert sorted(name.lower() for name in names) == sorted(SPARK_MODULES)
+
+
+def test_pipeline_without_the_spark_extra_names_the_install_command(tmp_path: Path) -> None:
+    """In a Python that has meshmq's dependencies but not the spark extra (this venv's
+    site-packages without the extra's packages), every pipeline command stops at once."""
+    packages = tmp_path / "site-packages"
+    packages.mkdir()
+    for directory in map(Path, site.getsitepackages()):
+        for entry in directory.iterdir():
+            top = re.split(r"[-.]", entry.name)[0].lower()
+            if top not in SPARK_MODULES and not (packages / entry.name).exists():
+                (packages / entry.name).symlink_to(entry)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{packages}"}
+    expected = (
+        f"meshmq pipeline: error: the pipeline needs the spark extra "
+        f"({', '.join(SPARK_MODULES)} not installed): install it with "
+        f"{sys.executable} -m pip install -e '{ROOT}[spark]'")
+    for job in (["demo"], ["telemetry", "--data-dir", "d", "--output", "o"], ["--help"]):
+        result = subprocess.run(  # -S: no site-packages but the one made here
+            [sys.executable, "-S", "-m", "meshmq", "pipeline", *job], capture_output=True,
+            text=True, timeout=60, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+        assert result.returncode == 2, result.stderr
+        assert one_error_line(result) == expected

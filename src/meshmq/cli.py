@@ -1,4 +1,4 @@
-"""Command line: ``meshmq serve | pub | sub | passwd | log | pipeline | config``.
+"""Command line: ``meshmq serve | pub | sub | passwd | log | state | pipeline | config``.
 
 Exit status 2 means bad usage or bad configuration (one line on stderr); ``serve`` otherwise
 returns what the broker returns.
@@ -7,11 +7,15 @@ returns what the broker returns.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
+from pathlib import Path
 
 from meshmq import __version__
 from meshmq.auth.cli import add_passwd_command
+from meshmq.broker.statecli import add_state_command
 from meshmq.clients import add_client_commands
 from meshmq.config import ConfigError, allowed_values, config_reference, load_config
 from meshmq.log.cli import add_log_command
@@ -27,23 +31,61 @@ SERVE_OVERRIDES = {
     "workers": "server.workers",
 }
 
+# The modules of the spark extra (pyproject.toml): the pipeline needs every one of them.
+SPARK_MODULES = ("matplotlib", "numpy", "pyarrow", "pyspark")
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["pipeline"]:  # own parser, imported late: only the pipeline needs pyspark
-        try:
-            from meshmq.pipeline.cli import main as pipeline_main
-        except ImportError as exc:
-            print(f"meshmq pipeline: error: {exc}: install the spark extra "
-                  "(pip install 'meshmq[spark]')", file=sys.stderr)
-            return 2
-        return pipeline_main(argv[1:])
+        return _pipeline(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the usage shown is the (sub-)command's whose options were given
+        _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
     return int(args.run(args) or 0)
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace
+                   ) -> argparse.ArgumentParser:
+    """The parser of the innermost sub-command ``args`` chose (``meshmq log dump``: dump's)."""
+    while True:
+        choosers = [action for action in parser._actions
+                    if isinstance(action, argparse._SubParsersAction)]
+        chosen = getattr(args, choosers[0].dest, None) if choosers else None
+        if chosen is None:
+            return parser
+        parser = choosers[0].choices[chosen]
+
+
+def _pipeline(argv: list[str]) -> int:
+    """``meshmq pipeline ARGS``, or one line naming how to install the spark extra (status 2)."""
+    missing = [name for name in SPARK_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"meshmq pipeline: error: the pipeline needs the spark extra ({', '.join(missing)}"
+              f" not installed): {spark_install_hint()}", file=sys.stderr)
+        return 2
+    try:
+        from meshmq.pipeline.cli import main as pipeline_main
+    except ImportError as exc:  # installed, yet broken
+        print(f"meshmq pipeline: error: {exc}: {spark_install_hint()}", file=sys.stderr)
+        return 2
+    return pipeline_main(argv)
+
+
+def spark_install_hint() -> str:
+    """The command that installs the spark extra into the Python running this."""
+    root = Path(__file__).resolve().parents[2]  # a source checkout: src/meshmq/cli.py
+    if not (root / "pyproject.toml").is_file():
+        return f"install it with {sys.executable} -m pip install 'meshmq[spark]'"
+    if root == Path.cwd().resolve():
+        python = os.path.relpath(sys.executable) if sys.executable.startswith(f"{root}{os.sep}") \
+            else sys.executable
+        return f"run make demo, or install it with {python} -m pip install -e '.[spark]'"
+    return f"install it with {sys.executable} -m pip install -e '{root}[spark]'"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_commands(commands)
     add_passwd_command(commands)
     add_log_command(commands)
+    add_state_command(commands)
     commands.add_parser("pipeline", help="run a Spark job over the commit log "
                         "(meshmq pipeline --help)")  # parsed by meshmq.pipeline.cli
 

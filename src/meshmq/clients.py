@@ -1,9 +1,14 @@
 """``meshmq pub`` and ``meshmq sub``: small command-line clients built on paho-mqtt.
 
 Options follow mosquitto_pub/mosquitto_sub where they can: ``-h``/``-H``/``--host`` is the
-host (so help is ``--help`` only), ``-p`` port, ``-q`` QoS, ``-V 311|5``, ``-u``/``-P``/``-i``.
+host (so help is ``--help`` only), ``-p`` port, ``-q`` QoS, ``-V 311|5``, ``-u``/``-P``/``-i``,
+and for TLS ``--cafile``/``--tls-use-os-certs``, ``--cert``/``--key``, ``--insecure``. mosquitto
+has no WebSocket client; here ``--ws`` (and ``--ws-path``) speaks MQTT over WebSocket, over TLS
+when a TLS option is given too. The default port is the broker's default for that listener.
 Exit status: 0 done, 1 the broker refused or the connection failed (one line on stderr),
-2 bad usage.
+2 bad usage (the sub-command's usage and one line).
+
+``pub`` reports a message the broker did not take (how: ``meshmq.clientlink``).
 """
 
 from __future__ import annotations
@@ -16,16 +21,10 @@ import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
-TIMEOUT = 10.0  # seconds to wait for CONNACK, SUBACK, a publish acknowledgement, DISCONNECT
+from meshmq.clientlink import DEFAULT_WS_PATH, TIMEOUT, ClientError, ClientLink
+
 EXPIRY_NEVER = 0xFFFFFFFF
-
-
-class ClientError(Exception):
-    """A one-line reason why a command-line client failed."""
 
 
 def add_client_commands(commands: Any) -> None:
@@ -63,8 +62,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--help", action="help", help="show this help and exit")
     parser.add_argument("-H", "-h", "--host", default="127.0.0.1",
                         help="broker host (default 127.0.0.1)")
-    parser.add_argument("-p", "--port", type=_count(1, 65535), default=1883,
-                        help="broker port (default 1883)")
+    parser.add_argument("-p", "--port", type=_count(1, 65535),
+                        help="broker port (default 1883; TLS 8883, --ws 8083, both 8084)")
     parser.add_argument("-q", "--qos", type=int, choices=(0, 1, 2), default=0,
                         help="QoS (default 0)")
     parser.add_argument("-V", "--mqtt-version", choices=("311", "5"), default="5",
@@ -73,6 +72,40 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-P", "--password")
     parser.add_argument("-i", "--client-id", default="",
                         help="client identifier (default: empty, the broker assigns one on 5.0)")
+    tls = parser.add_argument_group("TLS (on with --cafile or --tls-use-os-certs)")
+    tls.add_argument("--cafile", metavar="FILE",
+                     help="PEM CA certificates to verify the broker's certificate with")
+    tls.add_argument("--tls-use-os-certs", action="store_true",
+                     help="verify the broker's certificate with the system's CA certificates")
+    tls.add_argument("--cert", metavar="FILE", help="PEM client certificate (mutual TLS)")
+    tls.add_argument("--key", metavar="FILE",
+                     help="PEM private key of --cert (default: in the --cert file)")
+    tls.add_argument("--insecure", action="store_true",
+                     help="do not check that the broker's certificate names the host")
+    ws = parser.add_argument_group("WebSocket")
+    ws.add_argument("--ws", action="store_true",
+                    help="MQTT over WebSocket (over TLS with a TLS option)")
+    ws.add_argument("--ws-path", metavar="PATH",
+                    help=f"HTTP path of the WebSocket endpoint (default {DEFAULT_WS_PATH})")
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    """Exit with the command's usage (status 2) if the options shared by pub and sub clash."""
+    fail = args.parser.error
+    if args.password is not None and args.username is None:
+        fail("-P/--password needs -u/--username")
+    tls = args.cafile is not None or args.tls_use_os_certs
+    for flag, given in (("--cert", args.cert), ("--key", args.key),
+                        ("--insecure", args.insecure)):
+        if given and not tls:
+            fail(f"{flag} needs --cafile or --tls-use-os-certs")
+    if args.key is not None and args.cert is None:
+        fail("--key needs --cert")
+    if args.ws_path is not None:
+        if not args.ws:
+            fail("--ws-path needs --ws")
+        if not args.ws_path.startswith("/"):
+            fail(f"--ws-path must start with '/', got {args.ws_path!r}")
 
 
 def _count(low: int, high: int | None = None) -> Any:
@@ -89,106 +122,13 @@ def _count(low: int, high: int | None = None) -> Any:
     return parse
 
 
-class _Link:
-    """A paho client with its network thread and the events a command waits on."""
-
-    def __init__(self, args: argparse.Namespace, clean: bool = True, manual_ack: bool = False):
-        self.args = args
-        self.v5 = args.mqtt_version == "5"
-        extra: dict[str, Any] = {} if self.v5 else {"clean_session": clean}
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=args.client_id,
-            protocol=mqtt.MQTTv5 if self.v5 else mqtt.MQTTv311,
-            reconnect_on_failure=False, manual_ack=manual_ack, **extra,
-        )
-        if args.username is not None:
-            self.client.username_pw_set(args.username, args.password)
-        self.client.on_connect = self._on_connect
-        self.client.on_disconnect = self._on_disconnect
-        self.connack = threading.Event()
-        self.closed = threading.Event()
-        self.refusal: Any = None
-        self.close_reason: Any = None
-        self._opened = False
-        self._started = False
-        self._disconnecting = False
-
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-        if reason.is_failure:
-            self.refusal = reason
-        self.connack.set()
-
-    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any,
-                       props: Any) -> None:
-        self.close_reason = reason
-        self.closed.set()
-        self.connack.set()
-
-    def connect(self, clean: bool = True, expiry: int | None = None,
-                receive_maximum: int | None = None) -> None:
-        """Open the TCP connection and send CONNECT, or raise ClientError.
-
-        Packets queued between this and ``start()`` follow CONNECT in that order.
-        """
-        where = f"{self.args.host}:{self.args.port}"
-        try:
-            if self.v5:
-                props = None
-                if expiry or receive_maximum:
-                    props = Properties(PacketTypes.CONNECT)
-                    if expiry:
-                        props.SessionExpiryInterval = expiry
-                    if receive_maximum:
-                        props.ReceiveMaximum = receive_maximum
-                self.client.connect(self.args.host, self.args.port, clean_start=clean,
-                                    properties=props)
-            else:
-                self.client.connect(self.args.host, self.args.port)
-            self._opened = True
-        except (OSError, ValueError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            raise ClientError(f"cannot connect to {where}: {reason}") from None
-
-    def start(self) -> None:
-        """Start the network thread and wait for a successful CONNACK, or raise ClientError."""
-        where = f"{self.args.host}:{self.args.port}"
-        self.client.loop_start()
-        self._started = True
-        if not self.connack.wait(TIMEOUT):
-            raise ClientError(f"no CONNACK from {where} within {TIMEOUT:g} s")
-        if self.refusal is not None:
-            raise ClientError(f"connection refused: {self.refusal}")
-        if self.closed.is_set():
-            raise ClientError(f"connection to {where} closed before CONNACK")
-
-    def lost(self) -> ClientError:
-        return ClientError(f"connection lost: {self.close_reason}")
-
-    def disconnect(self) -> None:
-        """Queue a DISCONNECT (once); safe to call from a paho callback."""
-        if not self._disconnecting:
-            self._disconnecting = True
-            self.client.disconnect()
-
-    def close(self) -> None:
-        """Disconnect (waiting briefly for the DISCONNECT to go out) and stop the thread."""
-        if self._started:
-            if not self.closed.is_set():
-                self.disconnect()
-                self.closed.wait(TIMEOUT)
-            self.client.loop_stop()
-        elif self._opened:
-            self.client.disconnect()  # no network thread: written at once
-
-
 def _fail(command: str, error: ClientError) -> int:
     print(f"meshmq {command}: {error}", file=sys.stderr)
     return 1
 
 
 def _pub(args: argparse.Namespace) -> int:
-    if args.password is not None and args.username is None:
-        args.parser.error("-P/--password needs -u/--username")
+    _check_common(args)
     if args.file is not None:
         try:
             with open(args.file, "rb") as handle:
@@ -198,7 +138,10 @@ def _pub(args: argparse.Namespace) -> int:
     else:
         payload = b"" if args.null_message else args.message.encode()
 
-    link = _Link(args)
+    try:
+        link = ClientLink(args)
+    except ClientError as error:
+        return _fail("pub", error)
     refused: dict[int, Any] = {}
 
     def on_publish(client: Any, userdata: Any, mid: int, reason: Any, props: Any) -> None:
@@ -209,6 +152,7 @@ def _pub(args: argparse.Namespace) -> int:
     try:
         link.connect()
         link.start()
+        link.check_size(args.topic, payload, args.qos, args.retain)
         try:
             infos = [link.client.publish(args.topic, payload, qos=args.qos, retain=args.retain)
                      for _ in range(args.repeat)]
@@ -219,6 +163,8 @@ def _pub(args: argparse.Namespace) -> int:
             _wait_published(link, info, deadline)
             if info.mid in refused:
                 raise ClientError(f"publish refused: {refused[info.mid]}")
+        if args.qos == 0:
+            link.confirm(args.topic, deadline)
     except ClientError as error:
         return _fail("pub", error)
     finally:
@@ -226,11 +172,11 @@ def _pub(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_published(link: _Link, info: mqtt.MQTTMessageInfo, deadline: float) -> None:
+def _wait_published(link: ClientLink, info: mqtt.MQTTMessageInfo, deadline: float) -> None:
     try:
         while not info.is_published():
             if link.closed.is_set():
-                raise link.lost()
+                raise link.refused()
             if time.monotonic() > deadline:
                 raise ClientError(f"publish not acknowledged within {TIMEOUT:g} s")
             info.wait_for_publish(0.05)
@@ -239,8 +185,7 @@ def _wait_published(link: _Link, info: mqtt.MQTTMessageInfo, deadline: float) ->
 
 
 def _sub(args: argparse.Namespace) -> int:
-    if args.password is not None and args.username is None:
-        args.parser.error("-P/--password needs -u/--username")
+    _check_common(args)
     if args.persistent and not args.client_id:
         args.parser.error("-c/--persistent needs a client id (-i)")
     if args.session_expiry is not None and args.mqtt_version != "5":
@@ -251,7 +196,10 @@ def _sub(args: argparse.Namespace) -> int:
     # read later is acknowledged): a persistent session keeps the messages after COUNT. paho
     # sends PUBREC as soon as a QoS 2 PUBLISH arrives, so for -C with QoS 2 on 5.0 we also ask
     # the broker for one message in flight at a time (Receive Maximum 1).
-    link = _Link(args, clean=not args.persistent, manual_ack=True)
+    try:
+        link = ClientLink(args, clean=not args.persistent, manual_ack=True)
+    except ClientError as error:
+        return _fail("sub", error)
     finished = threading.Event()
     received = 0
 

@@ -38,6 +38,7 @@ class ServerConfig:
     deny: str = ""
     max_connections: int = 0
     max_connections_per_ip: int = 0
+    log_connections: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +232,9 @@ _KEYS: dict[str, _Key] = {
         int, (0, 256), "broker processes sharing the listening ports, one router each, linked"
         " by the mesh (docs/workers.md); 0 = one per CPU this process may run on"),
     **_admission_keys("server", "the TCP listener"),
+    "server.log_connections": _Key(
+        bool, None, "log each client connect and disconnect (client id, peer, protocol,"
+        " reason) at info level; false = at debug level only"),
     "mqtt.max_packet_size": _Key(
         int, (1, 268_435_455), "largest packet accepted, in bytes (advertised in CONNACK)"),
     "mqtt.receive_maximum": _Key(

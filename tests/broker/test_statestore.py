@@ -1,16 +1,24 @@
-"""The state store's files: journal replay, torn tails, damage, compaction (real files)."""
+"""The state store's files: journal replay, torn tails, damage, compaction (real files), and
+a broker starting on a damaged journal (real processes)."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import signal
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshmq.broker.statestore import StateError, StateStore, apply, empty_state
+from conftest import start_broker
+from failedstart import quoted_command, run_pasted, serve_until_exit
+from meshmq.broker.statefiles import StateError, apply, empty_state
+from meshmq.broker.statestore import StateStore
+from meshmq.mqtt.packets import Puback, Publish
+from meshmq.mqtt.properties import PropertyId
+from rawclient import RawClient
 
 client_ids = st.sampled_from(["a", "b", "c"])
 filters = st.sampled_from(["x/#", "y/+", "$share/g/z"])
@@ -73,7 +81,38 @@ def test_torn_last_line_is_dropped_and_the_rest_kept(tmp_path, loop):
     store, state = reopen(tmp_path, loop)
     store.close()
     assert state["sessions"]["a"]["subs"] == {"x/#": [1, False, False, 0, None]}
-    assert journal.read_bytes() == intact  # the torn bytes are cut off
+    assert journal.read_bytes() == intact  # the torn bytes are cut off...
+    kept = list((tmp_path / "state").glob(f"repair-backup-*/{journal.name}"))
+    assert [k.read_bytes() for k in kept] == [intact + b'{"op":"end","cli']  # ...not lost
+
+
+def test_a_whole_last_entry_without_its_newline_is_kept_and_terminated(tmp_path, loop):
+    """A crash can tear a write just before its newline: the entry is whole, so it is kept,
+    but without its newline the next write would be glued onto it and the journal would no
+    longer load."""
+    store, _ = reopen(tmp_path, loop)
+    store.write({"op": "session", "client_id": "a", "expiry": 5})
+    store.write({"op": "session", "client_id": "b", "expiry": 5})
+    store.close()
+    journal = next((tmp_path / "state").glob("journal-*.jsonl"))
+    journal.write_bytes(journal.read_bytes().removesuffix(b"\n"))
+    store, state = reopen(tmp_path, loop)
+    assert set(state["sessions"]) == {"a", "b"}
+    store.write({"op": "session", "client_id": "c", "expiry": 5})
+    store.close()
+    store, state = reopen(tmp_path, loop)
+    store.close()
+    assert set(state["sessions"]) == {"a", "b", "c"}
+    assert not list((tmp_path / "state").glob("repair-backup-*"))  # nothing was cut
+
+
+def test_a_second_store_on_the_same_directory_is_refused(tmp_path, loop):
+    first, _ = reopen(tmp_path, loop)
+    with pytest.raises(StateError, match="in use by another process"):
+        StateStore(tmp_path, loop).load()
+    first.close()
+    again, _ = reopen(tmp_path, loop)  # closing released it
+    again.close()
 
 
 def test_damage_before_the_end_names_file_and_line(tmp_path, loop):
@@ -85,8 +124,9 @@ def test_damage_before_the_end_names_file_and_line(tmp_path, loop):
     lines = journal.read_bytes().split(b"\n")
     lines[1] = b"{garbage"
     journal.write_bytes(b"\n".join(lines))
-    with pytest.raises(StateError, match=r"journal-\d+\.jsonl:2: damaged journal line"):
+    with pytest.raises(StateError, match=r"journal-\d+\.jsonl:2: damaged journal line") as caught:
         StateStore(tmp_path, loop).load()
+    assert f"`meshmq state repair --data-dir {tmp_path}`" in str(caught.value)
 
 
 def test_foreign_snapshot_is_refused(tmp_path, loop):
@@ -104,3 +144,51 @@ def test_done_runs_on_the_loop_after_the_write(tmp_path, loop):
     text = loop.run_until_complete(asyncio.wait_for(done, 10))
     store.close()
     assert '"client_id":"a"' in text
+
+
+# -- a broker starting on a damaged journal -------------------------------------------------
+
+
+def persistent_session_with_two_subscriptions(port: int) -> None:
+    with RawClient(port) as client:
+        client.connect("keeper", clean_start=False,
+                       properties={PropertyId.SESSION_EXPIRY_INTERVAL: 3600})
+        client.subscribe("lost/#", qos=1)
+        client.subscribe("kept/#", qos=1)  # journaled after the line the test damages
+
+
+def test_a_damaged_journal_line_stops_the_broker_naming_state_repair(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path)
+    persistent_session_with_two_subscriptions(broker.port)
+    broker.stop(signal.SIGKILL)  # no compaction: the subscriptions are in the journal
+    journal = next((broker.data_dir / "state").glob("journal-*.jsonl"))
+    lines = journal.read_bytes().split(b"\n")
+    damaged = next(n for n, line in enumerate(lines) if b'"lost/#"' in line)
+    lines[damaged] = lines[damaged][:25] + b"\x00\xff" + lines[damaged][27:]  # bit rot
+    journal.write_bytes(b"\n".join(lines))
+
+    refused = serve_until_exit(tmp_path)
+    assert refused.returncode == 1, refused.stderr
+    assert f"{journal}:{damaged + 1}: damaged journal line" in refused.stderr
+    repair = quoted_command(refused.stderr, "meshmq state repair")
+    assert repair[-2:] == ["--data-dir", str(broker.data_dir.resolve())]
+    repaired = run_pasted(repair, cwd=tmp_path)
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert f"{journal}:{damaged + 1}: cut out (damaged)" in repaired.stdout
+    assert repaired.stdout.splitlines()[-1].endswith("verify is now clean")
+
+    restarted = start_broker(tmp_path)
+    try:
+        with RawClient(restarted.port) as client:
+            connack = client.connect("keeper", clean_start=False,
+                                     properties={PropertyId.SESSION_EXPIRY_INTERVAL: 3600})
+            assert connack.session_present  # the line before the damage was kept...
+            with RawClient(restarted.port) as publisher:
+                publisher.connect("publisher")
+                for packet_id, topic in ((1, "lost/x"), (2, "kept/x")):
+                    publisher.send(Publish(topic, b"m", 1, packet_id=packet_id))
+                    publisher.recv_type(Puback)
+            delivered = client.recv_type(Publish)  # ...and so was the one after it; kept/x
+            assert delivered.topic == "kept/x"  # arriving first shows lost/x never will
+    finally:
+        restarted.stop()

@@ -62,9 +62,9 @@ def cli(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def run_meshmq(*args: str) -> subprocess.CompletedProcess[str]:
+def run_meshmq(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "meshmq", "log", *args], capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+                          text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=cwd)
 
 
 def json_lines(text: str) -> list[dict]:
@@ -590,7 +590,17 @@ def test_usage_errors_exit_2(written) -> None:
     data_dir, _ = written
     assert cli("dump", "-d", str(data_dir), "--limit", "-1")[0] == 2
     assert cli("dump", "-d", str(data_dir), "--payload", "utf16")[0] == 2
-    assert cli("ls")[0] == 2  # --data-dir is required
+
+
+def test_the_data_dir_defaults_to_the_one_serve_uses(written) -> None:
+    data_dir, _ = written
+    assert data_dir.name == "data"
+    listed = run_meshmq("ls", cwd=data_dir.parent)
+    assert (listed.returncode, listed.stderr) == (0, "")
+    assert listed.stdout.startswith("log data/log (not in use): 2 partitions")
+    damage(data_dir, "torn")
+    checked = run_meshmq("verify", cwd=data_dir.parent)
+    assert checked.returncode == 1 and "torn tail" in checked.stdout
 
 
 # -- a log written by a real broker ---------------------------------------------------------

@@ -181,6 +181,25 @@ def test_unclean_reopen_truncates_a_torn_tail(tmp_path: Path) -> None:
     assert payload_numbers(reopened.read(0, max_bytes=10**7)) == list(range(55))
 
 
+def test_unclean_reopen_keeps_the_cut_tail_and_reports_where(tmp_path: Path) -> None:
+    partition = Partition(tmp_path, SMALL, now_ms=T0)
+    fill(partition, 12)
+    last_base = partition.segment_base_offsets()[-1]
+    crash(partition)
+    path = log_file(tmp_path, last_base)
+    torn = path.read_bytes()[:-10]
+    path.write_bytes(torn)
+    reopened = Partition(tmp_path, SMALL)
+    kept = reopened.recovery.kept_tail
+    assert kept == next(tmp_path.glob("repair-backup-*")) / path.name
+    assert kept.read_bytes() == torn
+    assert path.read_bytes() == torn[: len(torn) - reopened.recovery.truncated_bytes]
+    reopened.close()
+    clean = Partition(tmp_path, SMALL)
+    assert clean.recovery.kept_tail is None  # nothing cut: nothing kept
+    clean.close()
+
+
 def test_unclean_reopen_refuses_corruption_mid_active_segment(tmp_path: Path) -> None:
     partition = Partition(tmp_path, SMALL, now_ms=T0)
     fill(partition, 3)

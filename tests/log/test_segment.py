@@ -207,6 +207,43 @@ def test_flipped_bit_in_the_last_batch_is_truncated(written, tmp_path: Path, byt
     assert read_all(segment) == records[:-3]
 
 
+def test_a_cut_tail_is_kept_beside_the_log_as_repair_does(written, tmp_path: Path) -> None:
+    """Recovery never drops bytes silently: the file as it was goes to repair-backup-<time>/,
+    the same place and name ``meshmq log repair`` uses, and the live file is the good part."""
+    directory, positions, records = written
+    copy = copy_log(directory, tmp_path / "torn", cut=positions[-1] + 11)
+    torn = (copy / segment_file_name(BASE, ".log")).read_bytes()
+    segment = open_segment(copy)
+    assert segment.recover() == 11
+    kept = segment.kept_tail
+    assert kept is not None and kept.parent.parent == copy
+    assert kept.parent.name.startswith("repair-backup-") and kept.name == segment.log_path.name
+    assert kept.read_bytes() == torn
+    assert segment.log_path.read_bytes() == torn[: positions[-1]]
+    fill(segment, 1)  # appends go to the new file, after the cut
+    assert [r.offset for r in read_all(segment)] == [r.offset for r in records]
+    assert kept.read_bytes() == torn
+    segment.close()
+
+
+def test_a_tail_that_cannot_be_kept_is_not_cut(written, tmp_path: Path) -> None:
+    directory, positions, _ = written
+    copy = copy_log(directory, tmp_path / "torn", cut=positions[-1] + 11)
+    torn = (copy / segment_file_name(BASE, ".log")).read_bytes()
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    segment = LogSegment(copy, BASE, index_interval_bytes=INTERVAL, now_ms=0,
+                         fsync=failing_fsync)
+    with pytest.raises(CorruptSegment, match="not cut off, as no copy of it could be kept"):
+        segment.recover()
+    assert segment.log_path.read_bytes() == torn
+    with pytest.raises(CorruptSegment):
+        fill(segment, 1)
+    segment.close()
+
+
 def test_recover_without_truncation_refuses_a_torn_tail(written, tmp_path: Path) -> None:
     directory, positions, _ = written
     segment = open_segment(copy_log(directory, tmp_path / "c", cut=positions[-1] + 3))

@@ -51,6 +51,7 @@ from meshmq.broker.session import Session, Subscription
 from meshmq.broker.systopics import SysTopics
 from meshmq.broker.workerside import WorkerSide
 from meshmq.cluster.remotelog import Appended
+from meshmq.logsetup import kv
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.packets import (
     MQTT_5,
@@ -111,6 +112,9 @@ class Broker(WorkerSide):
         self.sys_topics = SysTopics(self, config.mqtt.sys_interval)
         self.connect_limiter = ConnectRateLimiter.from_config(config.limits, loop.time())
         self.shutting_down = False
+        # connects and disconnects (server.log_connections)
+        self._connection_log_level = logging.INFO if config.server.log_connections \
+            else logging.DEBUG
         self.input_pauses: set[str] = set()  # node-wide reasons to read no client (pause_input)
         self.counters = {
             "connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0, "acl_denied": 0,
@@ -252,8 +256,9 @@ class Broker(WorkerSide):
         conn.send_connack(0, session_present, props)
         self.counters["connects"] += 1
         client.connected(keep_alive)
-        log.debug("client connected client_id=%s version=%d present=%s clean=%s",
-                  client_id, conn.version, session_present, packet.clean_start)
+        log.log(self._connection_log_level, "client connected", extra=kv(
+            client_id=client_id, peer=client.peer, protocol=_protocol_name(conn.version),
+            clean=packet.clean_start, present=session_present, keep_alive=keep_alive))
         self.keeper.connected(session)
         session.attach(client, now)
 
@@ -384,6 +389,7 @@ class Broker(WorkerSide):
         self.keeper.close()
 
     def _take_over(self, old: ClientProtocol) -> None:
+        old.close_reason = "taken over"
         old.conn.send_disconnect(ReasonCode.SESSION_TAKEN_OVER)
         old.close()
         self.connection_lost(old)
@@ -713,6 +719,7 @@ class Broker(WorkerSide):
     # ------------------------------------------------------------------ disconnects
 
     def on_disconnect(self, client: ClientProtocol, packet: Disconnect) -> None:
+        client.close_reason = _disconnect_reason(packet, client.conn.version)
         session = client.session
         if session is None:
             return
@@ -726,6 +733,7 @@ class Broker(WorkerSide):
         """A rule checked above the codec was broken: tell the client and close."""
         self.counters["protocol_errors"] += 1
         log.info("protocol error client_id=%s reason=0x%02X why=%r", client.client_id, code, why)
+        client.close_reason = f"protocol error 0x{code:02X}: {why}"
         client.rejected = True
         client.conn.send_disconnect(code)
         client.close()
@@ -735,7 +743,10 @@ class Broker(WorkerSide):
         self.clients.discard(client)
         session = client.session
         if session is None or session.client is not client:
-            return
+            return  # never connected, or already lost (taken over): logged then
+        log.log(self._connection_log_level, "client disconnected", extra=kv(
+            client_id=session.client_id, peer=client.peer,
+            protocol=_protocol_name(client.conn.version), reason=client.close_reason))
         session.detach()
         if self.shutting_down:
             return  # wills are not sent on a clean broker shutdown; sessions are kept
@@ -822,6 +833,7 @@ class Broker(WorkerSide):
             self.mesh.close()
         self.authenticator.close()
         for client in list(self.clients):
+            client.close_reason = "server shutting down"
             client.conn.send_disconnect(ReasonCode.SERVER_SHUTTING_DOWN)
             client.close()
 
@@ -832,6 +844,20 @@ class Broker(WorkerSide):
             **self.router.statistics(),
             **self.counters,
         }
+
+
+def _protocol_name(version: int) -> str:
+    return "5.0" if version == MQTT_5 else "3.1.1"
+
+
+def _disconnect_reason(packet: Disconnect, version: int) -> str:
+    """A client's DISCONNECT as a log reason: 'DISCONNECT 0x00 normal disconnection'."""
+    if version != MQTT_5:
+        return "DISCONNECT"  # 3.1.1 carries no reason code
+    code = packet.reason_code
+    name = "normal disconnection" if code == ReasonCode.SUCCESS else \
+        ReasonCode(code).name.lower().replace("_", " ")  # the codec admits only known codes
+    return f"DISCONNECT 0x{code:02X} {name}"
 
 
 def tune_gc() -> None:

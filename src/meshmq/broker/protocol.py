@@ -72,6 +72,7 @@ class ClientProtocol(asyncio.Protocol):
         self._waiting: list[Packet] = []  # packets held back by the throttle
         self._resume_handle: asyncio.TimerHandle | None = None
         self.identity: str | None = None  # user name the transport proved (mTLS certificate CN)
+        self.close_reason = ""  # why the connection ends, for the "client disconnected" line
         self._dirty = False
         self._keep_alive = 0.0
         self._last_read = 0.0
@@ -112,6 +113,7 @@ class ClientProtocol(asyncio.Protocol):
             self.close()
 
     def eof_received(self) -> bool:
+        self.close_reason = self.close_reason or "socket closed by the client"
         self._drain_input()
         self.conn.receive_eof()
         return False  # close the transport
@@ -126,6 +128,8 @@ class ClientProtocol(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.conn.receive_eof()
+        if not self.close_reason:
+            self.close_reason = f"connection error: {exc}" if exc is not None else "socket closed"
         self.broker.connection_lost(self)
 
     def pause_writing(self) -> None:
@@ -229,6 +233,7 @@ class ClientProtocol(asyncio.Protocol):
         if idle >= self._keep_alive:
             self._timer = None
             log.info("keep alive timeout client_id=%s peer=%s", self.client_id, self.peer)
+            self.close_reason = "keep-alive timeout"
             self.conn.send_disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT)
             self.close()
             return
@@ -336,6 +341,7 @@ class ClientProtocol(asyncio.Protocol):
         )
         self._waiting = []
         self.rejected = True
+        self.close_reason = "message rate too high"
         self.conn.send_disconnect(ReasonCode.MESSAGE_RATE_TOO_HIGH)
         self.close()
 
@@ -364,6 +370,7 @@ class ClientProtocol(asyncio.Protocol):
 
     def _log_protocol_error(self) -> None:
         error = self.conn.error
+        self.close_reason = f"protocol error 0x{error.reason_code:02X}: {error}"  # type: ignore[union-attr]
         self.broker.counters["protocol_errors"] += 1
         log.info(
             "protocol error client_id=%s peer=%s reason=0x%02X error=%r",

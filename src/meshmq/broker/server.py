@@ -159,7 +159,7 @@ async def serve(
         log.error("%s", exc)
         return 1
     except LogError as exc:
-        log.error("cannot open the commit log: %s (see `meshmq log verify`)", exc)
+        log.error("cannot open the commit log: %s (%s)", exc, exc.remedy(config.server.data_dir))
         return 1
     except StateError as exc:
         log.error("cannot read the broker state: %s", exc)

@@ -22,8 +22,16 @@ waiting.
 directory) with the next generation, switches to a new journal and deletes the old one. A crash
 at any point leaves either the old snapshot with its whole journal or the new snapshot.
 
-``load()`` reads the snapshot and applies its journal; a torn last line (a crash mid-write) is
-dropped, while a damaged line before the end is an error naming the file and line.
+``load()`` reads the snapshot and applies its journal. Bytes after the journal's last newline
+are a write a crash interrupted (the writer writes whole lines and fsyncs before acknowledging
+anything): a whole entry there is applied and gets its newline; anything else is cut off,
+after the journal as it was is kept in ``repair-backup-<UTC time>/`` beside it (the commit
+log's ``backup.py``), and the warning names the copy. A damaged
+line before the end is an error naming the file, the line and ``meshmq state verify|repair``
+(``statecheck.py``). The files and their reading are in ``statefiles.py``.
+
+While a store is loaded it holds the flock on ``.lock`` in its directory: a second broker on the
+same directory, or a ``meshmq state repair``, is refused instead of interleaving writes.
 """
 
 from __future__ import annotations
@@ -38,48 +46,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from meshmq.broker.statefiles import (
+    FORMAT_VERSION,
+    SNAPSHOT_FILE,
+    State,
+    StateError,
+    empty_state,
+    journal_name,
+    read_snapshot,
+    scan_journal,
+    state_tool,
+)
+from meshmq.log.backup import cut_file
+from meshmq.log.locks import LOCK_FILE, acquire
+
 log = logging.getLogger("meshmq.state")
 
-FORMAT_VERSION = 1
 COMPACT_BYTES = 64 * 1024 * 1024
-State = dict[str, dict[str, Any]]  # {"sessions": {client id: record}, "retained": {topic: m}}
 Done = Callable[[], None]
-
-
-class StateError(Exception):
-    """The state directory cannot be read (the message names the file and the problem)."""
-
-
-def empty_state() -> State:
-    return {"sessions": {}, "retained": {}}
-
-
-def apply(state: State, entry: dict[str, Any]) -> None:
-    """Apply one journal entry to ``state`` (idempotent)."""
-    op = entry["op"]
-    sessions = state["sessions"]
-    if op == "session":
-        record = sessions.setdefault(entry["client_id"], {"subs": {}})
-        for key in ("expiry", "username", "will", "detached_at", "cursor"):
-            if key in entry:
-                record[key] = entry[key]
-    elif op == "end":
-        sessions.pop(entry["client_id"], None)
-    elif op == "subs":
-        record = sessions.setdefault(entry["client_id"], {"subs": {}})
-        subs = record.setdefault("subs", {})
-        for topic_filter, options in entry["subs"].items():
-            if options is None:
-                subs.pop(topic_filter, None)
-            else:
-                subs[topic_filter] = options
-    elif op == "retain":
-        if entry["message"] is None:
-            state["retained"].pop(entry["topic"], None)
-        else:
-            state["retained"][entry["topic"]] = entry["message"]
-    else:
-        raise ValueError(f"unknown state operation {op!r}")
 
 
 class StateStore:
@@ -95,53 +79,69 @@ class StateStore:
         self._journal_bytes = 0
         self._queue: queue.Queue[tuple[str, Any, Done | None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._lock_fd: int | None = None
         self.failed: Exception | None = None
 
     # ------------------------------------------------------------------ start-up
 
     def load(self) -> State:
-        """Read the snapshot and replay its journal; then start the writer thread."""
-        state = empty_state()
-        snapshot = self.directory / "snapshot.json"
-        if snapshot.exists():
-            try:
-                data = json.loads(snapshot.read_text())
-                if data.get("version") != FORMAT_VERSION:
-                    raise StateError(f"{snapshot}: unknown state format {data.get('version')!r}")
-                self.generation = int(data["generation"])
-                state = {"sessions": data["sessions"], "retained": data["retained"]}
-            except (ValueError, KeyError, TypeError) as error:
-                raise StateError(f"{snapshot}: not a meshmq state snapshot ({error})") from None
-        journal = self._journal_path(self.generation)
-        if journal.exists():
-            self._replay(journal, state)
-        self._journal = open(journal, "ab")  # noqa: SIM115 - owned by this object
+        """Read the snapshot and replay its journal; then start the writer thread.
+
+        Raises ``StateError`` (naming the file and what to run) when the files are damaged or
+        another process has the directory open; call ``close()`` when done.
+        """
+        self._lock_fd = acquire(self.directory / LOCK_FILE)
+        if self._lock_fd is None:
+            raise StateError(f"{self.directory} is in use by another process (a broker, or "
+                             "`meshmq state repair`)")
+        try:
+            state = self._read()
+        except BaseException:
+            self._unlock()
+            raise
+        self._journal = open(self._journal_path(self.generation), "ab")  # noqa: SIM115
         self._journal_bytes = self._journal.tell()
         self._thread = threading.Thread(target=self._run, name="meshmq-state", daemon=True)
         self._thread.start()
         return state
 
-    def _replay(self, journal: Path, state: State) -> None:
-        data = journal.read_bytes()
-        lines = data.split(b"\n")
-        good = 0
-        for number, line in enumerate(lines, 1):
-            if not line:
-                good += 1
-                continue
+    def _read(self) -> State:
+        state = empty_state()
+        snapshot = self.directory / SNAPSHOT_FILE
+        if snapshot.exists():
             try:
-                apply(state, json.loads(line))
-            except (ValueError, KeyError, TypeError) as error:
-                if number == len(lines):  # the torn last line of a crash mid-write
-                    log.warning("state journal: dropped a torn last line file=%s", journal)
-                    with open(journal, "r+b") as handle:
-                        handle.truncate(sum(len(x) + 1 for x in lines[: number - 1]))
-                    return
-                raise StateError(f"{journal}:{number}: damaged journal line ({error})") from None
-            good += 1
+                self.generation, state = read_snapshot(snapshot)
+            except StateError as error:
+                raise StateError(f"{error}; `{state_tool('verify', self.directory)}` says "
+                                 "what survives") from None
+        journal = self._journal_path(self.generation)
+        if journal.exists():
+            self._replay(journal, state)
+        return state
+
+    def _replay(self, journal: Path, state: State) -> None:
+        scan = scan_journal(journal.read_bytes(), state)
+        if scan.damaged:
+            first = scan.damaged[0]
+            raise StateError(
+                f"{journal}:{first.number}: damaged journal line ({first.reason}); "
+                f"`{state_tool('verify', self.directory)}` lists the damage, "
+                f"`{state_tool('repair', self.directory)}` sets the damaged lines aside and "
+                "keeps every good one")
+        if scan.bad:  # the torn end of a crash mid-write: never acknowledged
+            try:
+                kept = cut_file(journal, scan.keep())
+            except OSError as error:  # never cut what could not be kept
+                raise StateError(f"{journal}: its torn last line was not cut off, as no copy "
+                                 f"of the journal could be kept ({error})") from None
+            log.warning("state journal: cut a torn last line (%d bytes) file=%s kept=%s",
+                        scan.size - scan.bad[0].start, journal, kept)
+        elif scan.unterminated:  # a whole entry whose newline a crash kept from the disk
+            with open(journal, "ab") as handle:
+                handle.write(b"\n")
 
     def _journal_path(self, generation: int) -> Path:
-        return self.directory / f"journal-{generation}.jsonl"
+        return self.directory / journal_name(generation)
 
     # ------------------------------------------------------------------ changes
 
@@ -169,6 +169,12 @@ class StateStore:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     # ------------------------------------------------------------------ writer thread
 
@@ -223,7 +229,7 @@ class StateStore:
             return
         generation = self.generation + 1
         body = text[:-1] + f',"generation":{generation}}}'
-        tmp = self.directory / "snapshot.json.tmp"
+        tmp = self.directory / f"{SNAPSHOT_FILE}.tmp"
         try:
             with open(tmp, "w") as handle:
                 handle.write(body)
@@ -231,7 +237,7 @@ class StateStore:
                 os.fsync(handle.fileno())
             new_journal = open(self._journal_path(generation), "wb")  # noqa: SIM115
             os.fsync(new_journal.fileno())
-            os.replace(tmp, self.directory / "snapshot.json")
+            os.replace(tmp, self.directory / SNAPSHOT_FILE)
             directory = os.open(self.directory, os.O_RDONLY)
             try:
                 os.fsync(directory)

@@ -1,4 +1,6 @@
-"""``meshmq log ls|dump|tail|verify|repair --data-dir DIR``: look into and repair a commit log.
+"""``meshmq log ls|dump|tail|verify|repair [--data-dir DIR]``: look into and repair a commit log.
+
+``--data-dir`` defaults to ``./data``, as ``meshmq serve`` does.
 
 ``ls``, ``dump``, ``tail`` and ``verify`` only read, without the log's lock, so they work while
 a broker runs on the directory. ``repair`` takes the lock, so it refuses while a broker runs.
@@ -22,6 +24,7 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import Any
 
+from meshmq.config import ServerConfig
 from meshmq.log.browse import Follower, Selection, dump_records, tail_partition
 from meshmq.log.errors import LogDirectoryLocked, LogError
 from meshmq.log.inspect import LogDirectory, LogDirectoryError, parse_timestamp, summarize_segment
@@ -56,8 +59,10 @@ def add_log_command(commands: Any) -> None:
         description="Inspect, verify and repair the commit log under a broker's data_dir.")
     actions = log.add_subparsers(dest="action", required=True, metavar="ACTION")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-d", "--data-dir", required=True, metavar="DIR",
-                        help="the broker's data_dir (or its log directory)")
+    default = ServerConfig().data_dir
+    common.add_argument("-d", "--data-dir", default=default, metavar="DIR",
+                        help=f"the broker's data_dir, or its log directory (default {default}, "
+                             "as for meshmq serve)")
     common.add_argument("--json", action="store_true", help="machine-readable JSON output")
     actions.add_parser("ls", parents=[common], help="partitions, segments, offsets, sizes")
     _add_record_options(actions.add_parser("dump", parents=[common],

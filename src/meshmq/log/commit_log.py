@@ -26,18 +26,13 @@ from types import TracebackType
 from meshmq.log.config import LogConfig
 from meshmq.log.errors import LogConfigError, LogDirectoryLocked
 from meshmq.log.files import FsyncFunction, fsync_directory
+from meshmq.log.locks import LOCK_FILE, acquire
 from meshmq.log.partition import DEFAULT_READ_BYTES, Partition, PartitionStatistics
 from meshmq.log.partitioner import Partitioner
 from meshmq.log.record import FORMAT_VERSION, Record
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on POSIX
-    fcntl = None  # type: ignore[assignment]
-
 LOG_DIRECTORY = "log"
 META_FILE = "meta.json"
-LOCK_FILE = ".lock"
 META_FORMAT = "meshmq-log"
 META_VERSION = 1
 
@@ -180,14 +175,9 @@ class CommitLog:
 
 
 def _lock_directory(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    if fcntl is None:
-        return fd
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise LogDirectoryLocked(f"{path.parent} is in use by another log") from None
+    fd = acquire(path)
+    if fd is None:
+        raise LogDirectoryLocked(f"{path.parent} is in use by another log")
     return fd
 
 

@@ -15,11 +15,22 @@ turns them into truncation (a torn or corrupt tail) or ``CorruptSegment`` (anyth
 
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
+
+
+def _data_dir_option(data_dir: str) -> str:
+    """``--data-dir DIR`` ready to paste: absolute (the tool may run elsewhere), shell-quoted."""
+    return f"--data-dir {shlex.quote(os.path.abspath(data_dir))}"
 
 
 class LogError(Exception):
     """Root of every error the commit log raises."""
+
+    def remedy(self, data_dir: str) -> str:
+        """What to run next when a broker with this ``data_dir`` cannot open its log."""
+        return f"see `meshmq log verify {_data_dir_option(data_dir)}`"
 
 
 class CorruptBatch(LogError):
@@ -44,6 +55,13 @@ class CorruptSegment(LogError):
         self.position = position
         self.reason = reason
 
+    def remedy(self, data_dir: str) -> str:
+        option = _data_dir_option(data_dir)
+        return (f"the broker will not drop data that is followed by good records: run "
+                f"`meshmq log verify {option}` to see every damaged spot, then "
+                f"`meshmq log repair {option}` to remove only the damaged batches (it keeps the "
+                "damaged files in repair-backup-<time>/ and reports the offsets lost)")
+
 
 class OffsetOutOfRange(LogError):
     """The requested offset is below ``earliest_offset`` or above ``next_offset``.
@@ -67,6 +85,9 @@ class LogConfigError(LogError):
 
 class LogDirectoryLocked(LogError):
     """Another process holds the lock on this log directory; only one may open it."""
+
+    def remedy(self, data_dir: str) -> str:
+        return "another broker (or a `meshmq log repair`) is using this data_dir"
 
 
 class LogClosed(LogError):

@@ -30,9 +30,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
 
-from meshmq.log.commit_log import LOCK_FILE, LOG_DIRECTORY, META_FILE, META_FORMAT, META_VERSION
+from meshmq.log.commit_log import LOG_DIRECTORY, META_FILE, META_FORMAT, META_VERSION
 from meshmq.log.errors import CorruptBatch, IncompleteBatch, LogError
 from meshmq.log.files import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_file_name
+from meshmq.log.locks import LOCK_FILE, is_locked
 from meshmq.log.record import (
     BATCH_HEADER,
     FORMAT_VERSION,
@@ -141,41 +142,8 @@ def _read_meta(path: Path) -> int:
 
 
 def log_is_locked(log_dir: Path) -> bool:
-    """Whether a process holds the flock on ``log_dir/.lock`` (a broker has the log open).
-
-    Reads ``/proc/locks`` so the check never takes the lock itself (a broker starting at that
-    moment would fail). Where ``/proc/locks`` is missing, tries a shared lock and drops it.
-    """
-    try:
-        stat = os.stat(log_dir / LOCK_FILE)
-    except FileNotFoundError:
-        return False
-    try:
-        with open("/proc/locks", encoding="ascii") as file:
-            lines = file.read().splitlines()
-    except OSError:
-        return _try_lock(log_dir / LOCK_FILE)
-    wanted = (os.major(stat.st_dev), os.minor(stat.st_dev), stat.st_ino)
-    for line in lines:
-        fields = line.split()
-        if len(fields) >= 6 and fields[1] == "FLOCK" and "->" not in fields:
-            major, minor, inode = fields[5].split(":")
-            if (int(major, 16), int(minor, 16), int(inode)) == wanted:
-                return True
-    return False
-
-
-def _try_lock(path: Path) -> bool:  # pragma: no cover - systems without /proc/locks
-    import fcntl
-
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also drops the lock if it was taken
-    return False
+    """Whether a process holds the flock on ``log_dir/.lock`` (a broker has the log open)."""
+    return is_locked(log_dir / LOCK_FILE)
 
 
 # -- walking the batches of a segment -------------------------------------------------------

@@ -11,10 +11,10 @@ indexes, so every sealed segment is fully durable.
 
 Opening the partition is its recovery. ``close()`` leaves a ``.clean_shutdown`` marker after
 fsyncing everything; opening removes it. After an unclean stop the active (last) segment is
-verified batch by batch and a torn tail is truncated (``LogSegment.recover``). Sealed segments
-are loaded from their indexes and only their tails are verified; any damage in a sealed
-segment, and corruption in the middle of the active one, is ``CorruptSegment``: the partition
-refuses to open rather than silently drop data.
+verified batch by batch and a torn tail is cut off after a copy of the file is kept
+(``LogSegment.recover``). Sealed segments are loaded from their indexes and only their tails
+are verified; any damage in a sealed segment, and corruption in the middle of the active one,
+is ``CorruptSegment``: the partition refuses to open rather than silently drop data.
 
 Threading
 ---------
@@ -67,11 +67,15 @@ DEFAULT_READ_BYTES = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
-    """What opening the partition found: log it, and alert on ``truncated_bytes`` > 0."""
+    """What opening the partition found: log it, and alert on ``truncated_bytes`` > 0.
+
+    ``kept_tail`` is the copy of the active segment as it was before its tail was cut.
+    """
 
     clean_shutdown: bool
     truncated_bytes: int
     segments: int
+    kept_tail: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,7 +357,8 @@ class Partition:
         if clean:
             marker.unlink()
             fsync_directory(self.directory, self._fsync)
-        return RecoveryReport(clean, truncated, len(self._segments))
+        return RecoveryReport(clean, truncated, len(self._segments),
+                              self._segments[-1].kept_tail)
 
     def _open_segments(self, clean: bool, now: int) -> int:
         for base in list_segment_bases(self.directory):

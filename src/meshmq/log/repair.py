@@ -13,36 +13,38 @@ damaged byte is damage), then plans one action per segment:
   wrong;
 * ``unrepairable`` for overlapping segments: which copy is right needs a human.
 
-A rewrite is crash-safe: the damaged files are first hard-linked (or copied) into
-``<partition>/repair-backup-<UTC time>/`` and that directory fsynced; the kept ranges are
-written to ``.<name>.log.repair-tmp`` and fsynced; the old index files are removed; the temp
-file is renamed over the ``.log`` and the directory fsynced; finally ``LogSegment`` rebuilds the
-indexes from the new file and they are fsynced. A crash at any point leaves either the old or
-the new ``.log`` (plus, maybe, a temp file the broker ignores and the next repair removes), and
-index files are caches the broker rebuilds. ``verify`` runs again at the end.
+A rewrite is crash-safe and keeps what it cuts, with the same code (``backup.py``) the broker
+uses when it cuts a torn tail at start-up: the damaged files are first hard-linked (or copied)
+into ``<partition>/repair-backup-<UTC time>/`` and that directory fsynced; the old index files
+are removed; the kept ranges are written to ``.<name>.log.repair-tmp``, fsynced and renamed over
+the ``.log``, and the directory fsynced; finally ``LogSegment`` rebuilds the indexes from the
+new file and they are fsynced. A crash at any point leaves either the old or the new ``.log``
+(plus, maybe, a temp file the broker ignores and the next repair removes), and index files are
+caches the broker rebuilds. ``verify`` runs again at the end.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO
 
-from meshmq.log.commit_log import LOCK_FILE
-from meshmq.log.errors import LogDirectoryLocked, LogError
+from meshmq.log.backup import (
+    REPAIR_TEMP_SUFFIX,
+    backup_stamp,
+    keep_copy,
+    make_backup_dir,
+    rewrite_keeping,
+)
+from meshmq.log.errors import LogDirectoryLocked
 from meshmq.log.files import fsync_directory
 from meshmq.log.inspect import LogDirectory, SegmentFile
+from meshmq.log.locks import LOCK_FILE, acquire
 from meshmq.log.segment import DEFAULT_INDEX_INTERVAL_BYTES, LogSegment
-from meshmq.log.verify import REPAIR_TEMP_SUFFIX, Problem, SegmentCheck, VerifyReport, verify
-
-COPY_CHUNK_BYTES = 1 << 20
-BACKUP_PREFIX = "repair-backup-"
+from meshmq.log.verify import Problem, SegmentCheck, VerifyReport, verify
 
 
 @dataclass(slots=True)
@@ -88,14 +90,11 @@ class RepairReport:
 @contextmanager
 def exclusive_lock(log: LogDirectory) -> Iterator[None]:
     """Hold the log's flock, as ``CommitLog`` does; ``LogDirectoryLocked`` if a broker has it."""
-    fd = os.open(log.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = acquire(log.path / LOCK_FILE)
+    if fd is None:
+        raise LogDirectoryLocked(
+            f"{log.path} is in use (a running broker holds its lock): stop the broker first")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LogDirectoryLocked(
-                f"{log.path} is in use (a running broker holds its lock): stop the broker "
-                "first") from None
         yield
     finally:
         os.close(fd)
@@ -112,15 +111,15 @@ def repair(log: LogDirectory, *, dry_run: bool = False, backup: bool = True,
         report = RepairReport(before, plan(before), dry_run)
         if dry_run or not report.actions:
             return report
-        stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+        stamp = backup_stamp(now)
         backups: dict[int, Path] = {}
         for action in report.actions:
             target = None
             if backup and action.kind in ("rewrite", "rebuild"):
                 target = backups.get(action.partition)
                 if target is None:
-                    target = backups[action.partition] = _backup_dir(log, action.partition,
-                                                                     stamp)
+                    target = backups[action.partition] = make_backup_dir(
+                        log.partition_dir(action.partition), stamp)
             _apply(action, target)
         report.backups = sorted(backups.values())
         report.after = verify(log, live=False)
@@ -169,57 +168,18 @@ def _segment_of(action: RepairAction) -> SegmentFile:
     return SegmentFile(action.partition, int(action.path.stem), action.path)
 
 
-def _backup_dir(log: LogDirectory, partition: int, stamp: str) -> Path:
-    parent = log.partition_dir(partition)
-    path, n = parent / f"{BACKUP_PREFIX}{stamp}", 1
-    while path.exists():
-        n += 1
-        path = parent / f"{BACKUP_PREFIX}{stamp}-{n}"
-    path.mkdir()
-    fsync_directory(parent)
-    return path
-
-
 def _back_up(segment: SegmentFile, backup: Path, *, with_log: bool) -> None:
-    """Keep the files about to be replaced: hard links (the rewrite makes new inodes) or
-    copies. The ``.log`` file only when it is rewritten."""
+    """Keep the files about to be replaced; the ``.log`` file only when it is rewritten."""
     sources = (segment.path,) if with_log else ()
     for source in (*sources, segment.index_path, segment.timeindex_path):
-        if not source.exists():
-            continue
-        target = backup / source.name
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copy2(source, target)
-            with open(target, "rb") as file:
-                os.fsync(file.fileno())
-    fsync_directory(backup)
+        if source.exists():
+            keep_copy(source, backup)
 
 
 def _rewrite(segment: SegmentFile, keep: list[tuple[int, int]]) -> None:
-    directory = segment.path.parent
-    temporary = directory / f".{segment.path.name}{REPAIR_TEMP_SUFFIX}"
-    with open(segment.path, "rb") as source, open(temporary, "wb") as target:
-        for start, end in keep:
-            _copy_range(source, target, start, end)
-        target.flush()
-        os.fsync(target.fileno())
     for index in (segment.index_path, segment.timeindex_path):
         index.unlink(missing_ok=True)  # caches of the old file: rebuilt below
-    os.replace(temporary, segment.path)
-    fsync_directory(directory)
-
-
-def _copy_range(source: BinaryIO, target: BinaryIO, start: int, end: int) -> None:
-    source.seek(start)
-    remaining = end - start
-    while remaining:
-        chunk = source.read(min(remaining, COPY_CHUNK_BYTES))
-        if not chunk:
-            raise LogError(f"{source.name} shrank during repair")
-        target.write(chunk)
-        remaining -= len(chunk)
+    rewrite_keeping(segment.path, keep)
 
 
 def _rebuild_indexes(segment: SegmentFile) -> None:

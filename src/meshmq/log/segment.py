@@ -15,7 +15,8 @@ refused; the owner calls ``recover()`` (segment may hold unflushed writes) or ra
 ``recover()`` verifies every batch from byte 0. At the first bad batch, if any valid batch
 (checksum good, offsets after the last good one) starts later in the file, the damage is in the
 middle and ``CorruptSegment`` is raised; otherwise the bad bytes are a torn or corrupt tail and
-are truncated away.
+are cut off. Never silently: the file as it was is first kept in ``repair-backup-<UTC time>/``
+beside it, by the code ``meshmq log repair`` uses (``backup.py``), and the warning names it.
 
 Invariants
 ----------
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshmq.log.backup import cut_file
 from meshmq.log.errors import CorruptBatch, CorruptSegment, IncompleteBatch, LogClosed
 from meshmq.log.files import LOG_SUFFIX, FsyncFunction, mapped, segment_file_name, write_at
 from meshmq.log.index import SegmentIndex
@@ -83,6 +85,7 @@ class LogSegment:
         self._fsync = fsync
         self._state = _ScanState(0, base_offset)
         self.damage: CorruptSegment | None = None
+        self.kept_tail: Path | None = None  # where ``recover()`` kept the file it cut
         self._fd = -1
         self._index = SegmentIndex(self.directory, base_offset, index_interval_bytes)
         try:
@@ -299,9 +302,10 @@ class LogSegment:
     def recover(self, *, allow_truncation: bool = True) -> int:
         """Verify every batch, rebuild both indexes, and cut off a torn or corrupt tail.
 
-        Returns the number of bytes truncated. Raises ``CorruptSegment`` when a bad batch is
-        followed by valid data (or when ``allow_truncation`` is False): the segment then
-        keeps ``damage`` set and refuses appends.
+        Returns the number of bytes cut; ``kept_tail`` is then the copy of the file as it was.
+        Raises ``CorruptSegment`` when a bad batch is followed by valid data (or when
+        ``allow_truncation`` is False, or no copy could be kept): the segment then keeps
+        ``damage`` set and refuses appends.
         """
         self._check_open()
         file_size = os.fstat(self._fd).st_size
@@ -312,11 +316,26 @@ class LogSegment:
             return 0
         if not allow_truncation or self._valid_batch_after(damage.position, file_size):
             raise damage
-        os.ftruncate(self._fd, damage.position)
+        self.kept_tail = self._cut_tail(damage)
         self.damage = None
-        log.warning("%s: truncated %d bytes of torn or corrupt tail at byte %d (%s)",
-                    self.log_path, file_size - damage.position, damage.position, damage.reason)
+        log.warning("%s: cut %d bytes of torn or corrupt tail at byte %d (%s); the file as it "
+                    "was is kept in %s (delete it once the log is known to be good)",
+                    self.log_path, file_size - damage.position, damage.position, damage.reason,
+                    self.kept_tail)
         return file_size - damage.position
+
+    def _cut_tail(self, damage: CorruptSegment) -> Path:
+        """Keep a copy of the file, replace it by its first ``damage.position`` bytes, reopen."""
+        try:
+            kept = cut_file(self.log_path, [(0, damage.position)], fsync=self._fsync)
+        except OSError as exc:
+            raise CorruptSegment(self.log_path, damage.position,
+                                 f"{damage.reason}; not cut off, as no copy of it could be "
+                                 f"kept ({exc})") from None
+        os.close(self._fd)
+        self._fd = -1
+        self._fd = os.open(self.log_path, os.O_RDWR)
+        return kept
 
     def _load(self) -> None:
         file_size = os.fstat(self._fd).st_size

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
+from meshmq.log.backup import REPAIR_TEMP_SUFFIX
 from meshmq.log.files import INDEX_SUFFIX, TIMEINDEX_SUFFIX
 from meshmq.log.index import OffsetIndex, TimeIndex
 from meshmq.log.inspect import (
@@ -39,8 +40,6 @@ from meshmq.log.inspect import (
     walk_batches,
 )
 from meshmq.log.record import NO_TIMESTAMP, BatchHeader, peek_batch_header
-
-REPAIR_TEMP_SUFFIX = ".repair-tmp"  # repair writes ".{name}.log.repair-tmp" then renames it
 
 
 @dataclass(frozen=True, slots=True)
