@@ -41,7 +41,7 @@ from meshmq.mqtt.properties import PacketKind, Properties, PropertyId
 from meshmq.mqtt.topics import topic_matches
 
 if TYPE_CHECKING:
-    from meshmq.broker.persistence import Persistence
+    from meshmq.broker.interfaces import PartitionLog
     from meshmq.broker.session import Subscription
 
 log = logging.getLogger("meshmq.catchup")
@@ -60,7 +60,7 @@ class ReplayFilter:
 
 @dataclass(slots=True)
 class CatchUp:
-    persistence: Persistence
+    persistence: PartitionLog
     filters: list[ReplayFilter] = field(default_factory=list)
     dup_below: list[int] | None = None  # records below these offsets may have been sent before
     lost: int = 0  # records deleted by retention before this session could read them
@@ -153,11 +153,11 @@ class CatchUp:
         return self._skipped.pop(partition, offset)
 
     def _read(self, partition: int, offset: int, limit: int) -> list[Record]:
-        commit_log = self.persistence.commit_log
+        log_ = self.persistence
         try:
-            return commit_log.read(partition, offset, max_records=min(limit, CHUNK_RECORDS))
+            return log_.read(partition, offset, min(limit, CHUNK_RECORDS))
         except OffsetOutOfRange:
-            earliest = commit_log.earliest_offset(partition)
+            earliest = log_.earliest_offset(partition)
             if earliest <= offset:
                 raise
             self.lost += earliest - offset

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 ``Persistence.append()`` turns a ``Message`` into a log ``Record`` and hands it to the
-``LogWriter`` thread without blocking. When the writer has made the record as durable as the
+``LogWriter`` thread without blocking; the outcome is typed (``Stored``, ``Refused``:
+broker/interfaces.py). When the writer has made the record as durable as the
 fsync policy promises it calls back on its own thread; completions are queued and delivered to
 the event loop in one ``call_soon_threadsafe`` per burst, in the order the writer finished them
 (which is the order they were submitted). Queuing a completion takes no lock: a deque append
@@ -25,11 +26,11 @@ import logging
 import queue
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 from pathlib import Path
-from typing import Any
 
+from meshmq.broker.interfaces import Completion, Refused, Stored
 from meshmq.broker.message import Message
 from meshmq.config import LogSettings
 from meshmq.log.commit_log import CommitLog
@@ -38,20 +39,17 @@ from meshmq.log.errors import LogConfigError
 from meshmq.log.record import Record
 from meshmq.log.writer import AppendResult, FsyncPolicy, LogWriter
 from meshmq.mqtt.errors import RemoteProtocolError
+from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import topic_matches, validate_topic_filter
 
 log = logging.getLogger("meshmq.persistence")
 
-Completion = Callable[[AppendResult | BaseException], None]
+_Outcome = AppendResult | BaseException
 
 
 class LogAccess:
-    """What persistence looks like to sessions and replay, on the log's owner or not: which
-    publishes persist, the high watermark, and reading (``commit_log``: ``read``,
-    ``earliest_offset``, ``offset_for_timestamp``)."""
+    """What every ``PartitionLog`` shares: which publishes persist, and the high watermark."""
 
-    routes_locally = True  # a durable append is routed here (False: the leader routes it)
-    commit_log: Any
     high_watermark: list[int]
 
     def __init__(self, settings: LogSettings) -> None:
@@ -70,33 +68,22 @@ class LogAccess:
             decision = self._cache[topic] = any(topic_matches(f, topic) for f in self.filters)
         return decision
 
-    def append(self, message: Message, client_id: str, done: Completion) -> bool:
-        raise NotImplementedError
-
     def routed(self, partition: int, offset: int) -> None:
         """The record at ``offset`` is being routed: advance that partition's high watermark."""
         if offset >= self.high_watermark[partition]:
             self.high_watermark[partition] = offset + 1
 
-    def earliest_offsets(self) -> list[int]:
-        return [self.commit_log.earliest_offset(p) for p in range(len(self.high_watermark))]
-
-    def offsets_for_timestamp(self, timestamp_ms: int) -> list[int]:
-        """Per partition, the first routed offset at or after ``timestamp_ms``."""
-        offsets = []
-        for partition, high in enumerate(self.high_watermark):
-            found = self.commit_log.offset_for_timestamp(partition, timestamp_ms)
-            offsets.append(high if found is None else min(found, high))
-        return offsets
-
-    def close(self) -> None:
-        raise NotImplementedError
-
 
 class Persistence(LogAccess):
-    """Owns the commit log and its writer thread for one broker node."""
+    """The commit log's partitions this process leads (all of them on a single-process node),
+    with their writer thread: the core's ``PartitionLog`` (broker/interfaces.py) on one node.
 
-    def __init__(self, settings: LogSettings, data_dir: str, loop: asyncio.AbstractEventLoop):
+    ``owned``: the partitions to open (None: all). ``high_watermark``: the list to keep the
+    high watermarks in (shared with a caller that holds those of other partitions too)."""
+
+    def __init__(self, settings: LogSettings, data_dir: str, loop: asyncio.AbstractEventLoop,
+                 owned: Collection[int] | None = None,
+                 high_watermark: list[int] | None = None) -> None:
         super().__init__(settings)
         self.loop = loop
         self.fsync_rules = parse_fsync_rules(settings.fsync_rules)  # before opening anything
@@ -108,21 +95,31 @@ class Persistence(LogAccess):
             retention_ms=settings.retention_ms,
             key_level=None if settings.key_level < 0 else settings.key_level,
         )
-        self.commit_log = CommitLog(Path(data_dir), config)
+        self.commit_log = CommitLog(Path(data_dir), config, partitions=owned)
         self.writer = LogWriter(
             self.commit_log, fsync_policy=settings.fsync,
             fsync_interval_ms=settings.fsync_interval_ms, queue_size=settings.queue_size,
         )
-        self._done: deque[tuple[Completion, AppendResult | BaseException]] = deque()
+        self._done: deque[tuple[Completion, _Outcome]] = deque()
         self._scheduled = False
         self._policies: dict[str, FsyncPolicy | None] = {}
         # Per partition, the offset after the last record routed to subscribers (catchup.py).
-        self.high_watermark = [
-            self.commit_log.next_offset(p) for p in range(self.commit_log.partition_count)
-        ]
+        if high_watermark is None:
+            high_watermark = [0] * self.commit_log.partition_count
+        for partition in self.commit_log.owned:
+            high_watermark[partition] = self.commit_log.next_offset(partition)
+        self.high_watermark = high_watermark
+
+    @property
+    def owned(self) -> tuple[int, ...]:
+        return self.commit_log.owned
+
+    def partition_for(self, topic: str) -> int:
+        return self.commit_log.partition_for(topic)
 
     def append(self, message: Message, client_id: str, done: Completion) -> bool:
-        """Queue ``message`` for the log; ``done`` runs on the loop once durable (or failed).
+        """Queue ``message`` for the log; ``done`` runs on the loop once durable (``Stored``)
+        or failed (``Refused``).
 
         Returns False, without calling ``done``, when the writer's queue is full.
         """
@@ -138,6 +135,19 @@ class Persistence(LogAccess):
             return False
         return True
 
+    def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
+        return self.commit_log.read(partition, offset, max_records=max_records)
+
+    def earliest_offset(self, partition: int) -> int:
+        return self.commit_log.earliest_offset(partition)
+
+    def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None:
+        return self.commit_log.offset_for_timestamp(partition, timestamp_ms)
+
+    def sync(self, done: Callable[[], None]) -> None:
+        """The high watermark here is the leader's own: nothing to wait for."""
+        done()
+
     def _policy_for(self, topic: str) -> FsyncPolicy | None:
         """The fsync policy of the first ``log.fsync_rules`` entry matching ``topic``."""
         if not self.fsync_rules:
@@ -152,7 +162,7 @@ class Persistence(LogAccess):
             )
         return policy  # type: ignore[return-value]
 
-    def _completed(self, done: Completion, outcome: AppendResult | BaseException) -> None:
+    def _completed(self, done: Completion, outcome: _Outcome) -> None:
         """On the writer thread: queue the completion, wake the loop once per burst.
 
         No lock: the append comes before the flag test here, and ``_drain`` clears the flag
@@ -173,7 +183,11 @@ class Persistence(LogAccess):
         done = self._done
         while done:
             callback, outcome = done.popleft()
-            callback(outcome)
+            if isinstance(outcome, BaseException):
+                callback(Refused(getattr(outcome, "reason_code", ReasonCode.UNSPECIFIED_ERROR),
+                                 f"commit log append failed: {outcome}"))
+            else:
+                callback(Stored(outcome.partition, outcome.offset))
 
     def close(self) -> None:
         """Finish queued appends (their completions are dropped) and close the log."""

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from meshmq.broker.persistence import Persistence
+    from meshmq.broker.interfaces import PartitionLog
 
 REPLAY_PROPERTY = "meshmq-replay"
 
@@ -75,16 +75,17 @@ def _parse_offsets(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-def start_offsets(request: ReplayRequest, persistence: Persistence) -> list[int]:
+def start_offsets(request: ReplayRequest, log_: PartitionLog) -> list[int]:
     """Per partition, the first offset to deliver for ``request``."""
-    high = list(persistence.high_watermark)
+    high = list(log_.high_watermark)
     if request.kind == "latest":
         return high
-    earliest = persistence.earliest_offsets()
+    earliest = [log_.earliest_offset(p) for p in range(len(high))]
     if request.kind == "earliest":
         return earliest
     if request.kind == "timestamp":
-        return persistence.offsets_for_timestamp(request.timestamp_ms)
+        found = [log_.offset_for_timestamp(p, request.timestamp_ms) for p in range(len(high))]
+        return [h if f is None else min(f, h) for f, h in zip(found, high, strict=True)]
     start = high
     for partition, offset in request.offsets:
         if partition >= len(high):

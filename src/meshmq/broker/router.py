@@ -1,44 +1,43 @@
-"""The router: subscriptions, shared subscriptions, retained messages, and publish routing.
+"""The router: subscriptions, shared subscriptions, and publish routing.
 
 Theory of operation
 -------------------
-The router owns three indexes and no sockets:
+The router owns two indexes and no sockets:
 
 * ``subscriptions``: a topic trie of plain filters, entries keyed by client id;
 * ``shared``: a topic trie of the filters of ``$share/{group}/{filter}``, entries keyed by
-  group name, each a ``SharedGroup`` of members served round-robin;
-* ``retained``: one message per topic, in a trie walked by subscription filters.
+  group name, each a ``SharedGroup`` of members served round-robin.
 
 ``publish()`` matches the topic once (O(levels), cached for hot topics) and hands the shared
 ``Message`` to each matching ``Session.deliver()``. A client whose filters overlap gets one copy
 with the highest granted QoS and every matching subscription identifier (MQTT-3.3.4-2, -3,
 -4). Each shared group delivers to exactly one member, preferring attached, uncongested ones.
 
-Events in (subscribe, unsubscribe, publish), deliveries out (``Session.deliver``). With
-workers, a ``Mesh`` (cluster/mesh.py) is one more kind of receiver: it hears every route change
-(``route_listener``), and ``publish()`` hands it each message after the local plain deliveries
-so that it forwards the message once to each peer router with a matching subscriber and picks
-one member, local or remote, for each shared group. Only the leader worker keeps retained
-messages (``keeps_retained``); the others ask it.
+Events in (subscribe, unsubscribe, publish), deliveries out (``Session.deliver``). Beyond this
+router lie its ``peers`` (broker/interfaces.py): they hear every route change, and
+``publish()`` hands them each message after the local plain deliveries, so that it reaches the
+other routers with a match, and they decide which shared groups this router serves (one
+delivery per group wherever its members are). A single-process node's peers are
+``LocalPeers``: nobody, every group served here. Retained messages are not the router's
+(broker/interfaces.py ``RetainedMessages``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from meshmq.broker.local import LocalPeers
 from meshmq.broker.message import Message
-from meshmq.broker.retained import RetainedStore
 from meshmq.broker.session import Session, Subscription
 from meshmq.broker.trie import SubscriptionTrie
 from meshmq.mqtt.topics import parse_shared_filter
 
 if TYPE_CHECKING:
-    from meshmq.cluster.mesh import Mesh
+    from meshmq.broker.interfaces import Peers
 
 SharedKey = tuple[str, str]  # (group name, filter)
+_NO_GROUPS: dict[SharedKey, SharedGroup] = {}  # never written to: the common "no group" case
 SYS_PREFIX = "$SYS/"
-RouteListener = Callable[[bool, str, str], None]  # (added, group or "", plain filter)
 
 
 class SharedGroup:
@@ -87,18 +86,15 @@ class SharedGroup:
 
 
 class Router:
-    """Routes publishes to sessions by subscription; keeps retained messages."""
+    """Routes publishes to sessions by subscription, and to its ``peers``."""
 
-    def __init__(self, sessions: dict[str, Session]) -> None:
+    def __init__(self, sessions: dict[str, Session], peers: Peers | None = None) -> None:
         self.sessions = sessions
         self.subscriptions: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
         self.shared: SubscriptionTrie[str, SharedGroup] = SubscriptionTrie()
-        self.retained: RetainedStore[Message] = RetainedStore()
         self.routed = 0
         self.delivered = 0
-        self.mesh: Mesh | None = None
-        self.route_listener: RouteListener | None = None
-        self.keeps_retained = True
+        self.peers: Peers = peers or LocalPeers()
         self.forwarded_in = False  # routing a message another router forwarded
 
     # ------------------------------------------------------------------ subscriptions
@@ -108,8 +104,8 @@ class Router:
         existed = topic_filter in session.subscriptions
         session.subscriptions[topic_filter] = subscription
         group, plain = parse_shared_filter(topic_filter)
-        if not existed and self.route_listener is not None:
-            self.route_listener(True, group or "", plain)
+        if not existed:
+            self.peers.route_changed(True, group or "", plain)
         if group is None:
             self.subscriptions.add(plain, session.client_id, subscription)
         else:
@@ -125,8 +121,7 @@ class Router:
         if session.subscriptions.pop(topic_filter, None) is None:
             return False
         group, plain = parse_shared_filter(topic_filter)
-        if self.route_listener is not None:
-            self.route_listener(False, group or "", plain)
+        self.peers.route_changed(False, group or "", plain)
         if group is None:
             self.subscriptions.remove(plain, session.client_id)
         else:
@@ -147,24 +142,21 @@ class Router:
     # ------------------------------------------------------------------ publishing
 
     def publish(self, message: Message, now: float) -> int:
-        """Route ``message``; store or clear it as retained if flagged. Returns receivers."""
-        if message.retain and self.keeps_retained:
-            self.retained.set(message.topic, message if message.payload else None)
+        """Route ``message`` here and to the peers that have a match. Returns receivers (here,
+        plus one per peer it went to)."""
         self.routed += 1
         count = self._deliver_plain(message, now)
-        if self.mesh is not None:  # shared groups (local or remote members) and peers
-            here, peers = self.mesh.route(message, now)
-            self.delivered += count + here
-            return count + here + peers
         shared = self.shared  # entry_count: no __len__ call per publish
-        shared_matches = shared.match(message.topic) if shared.entry_count else ()
-        for topic_filter, groups in shared_matches:
-            for group_name, group in groups.items():
-                count += self._deliver_to_group(
-                    (group_name, topic_filter), group, message, message.qos, now, None
-                )
+        local: dict[SharedKey, SharedGroup] = _NO_GROUPS
+        if shared.entry_count:
+            local = {(group_name, topic_filter): group
+                     for topic_filter, groups in shared.match(message.topic)
+                     for group_name, group in groups.items() if group.members}
+        here, peers = self.peers.route(message, local, now)
+        for key in here:
+            count += self._deliver_to_group(key, local[key], message, message.qos, now, None)
         self.delivered += count
-        return count
+        return count + peers
 
     def publish_internal(self, message: Message, now: float) -> int:
         """Route a message the broker itself publishes ($SYS): not counted as received."""
@@ -235,8 +227,8 @@ class Router:
         group = self.shared.get(topic_filter, group_name)
         delivered = 0 if group is None else self._deliver_to_group(
             key, group, message, qos, now, exclude)
-        if not delivered and self.mesh is not None:  # no member left here: one elsewhere
-            return self.mesh.forward_to_group(key, message, now)
+        if not delivered:  # no member left here: one elsewhere, if a peer has one
+            return self.peers.group_elsewhere(key, message, now)
         return delivered
 
     def _deliver_to_group(
@@ -254,17 +246,10 @@ class Router:
         session.deliver(message, granted, retain, ids, now, key)
         return 1
 
-    # ------------------------------------------------------------------ retained
-
-    def retained_for(self, topic_filter: str) -> list[Message]:
-        """Retained messages matching a plain (non-shared) filter."""
-        return self.retained.match(topic_filter)
-
     def statistics(self) -> dict[str, int]:
         return {
             "subscriptions": len(self.subscriptions),
             "shared_groups": len(self.shared),
-            "retained": len(self.retained),
             "routed": self.routed,
             "delivered": self.delivered,
         }

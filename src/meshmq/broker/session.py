@@ -49,7 +49,7 @@ from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import parse_shared_filter, topic_matches
 
 if TYPE_CHECKING:
-    from meshmq.broker.persistence import Persistence
+    from meshmq.broker.interfaces import PartitionLog
     from meshmq.config import SessionConfig
     from meshmq.mqtt.connection import ServerConnection
 
@@ -148,7 +148,7 @@ class Session:
         self.username: str | None = None
         self.may_receive: Callable[[str], bool] | None = None  # ACL read check, when ACLs are on
         self._unsent = 0  # inflight PUBLISHes not yet resent on the current connection
-        self.persistence: Persistence | None = None  # the commit log, when persistence is on
+        self.persistence: PartitionLog | None = None  # the commit log, when it is on
         self.catchup: CatchUp | None = None  # reading persisted messages from the log
         self.detached_at: int | None = None  # wall clock ms when it went offline
         self.retained_window: RetainedWindow | None = None  # retained lookups in progress

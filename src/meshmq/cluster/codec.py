@@ -7,11 +7,13 @@ Each frame is ``length (u32, big endian) | type (u8) | body``, where ``length`` 
 byte and the body and is at most ``MAX_FRAME``. Integers are big endian; a string is
 ``u16 length | UTF-8``; a byte string is ``u32 length | bytes``; a list is ``u32 count | items``.
 
-The hot frame is ``FORWARD``: a publish routed by one router for the subscribers of another.
-Its message body is encoded once per publish (``encode_message``) and shared by every peer it
-goes to; only the short list of shared-subscription groups the receiver must serve differs per
-peer. Every other frame is control traffic (routes, requests and their replies) and uses the
-generic ``Writer``/``Reader``.
+Every frame type is a dataclass below, with its ``encode()`` and ``decode(body)`` written
+once; the fields are those of broker/wire.py (``Writer``/``Reader``), and a message travels as
+its one body (broker/wire.py ``encode_message``), opaque here. The hot frame is ``FORWARD``: a
+publish routed by one router for the subscribers of another. Its message body is encoded once
+per publish and shared by every peer it goes to; only the short list of shared-subscription
+groups the receiver must serve differs per peer. Every other frame is control traffic (routes,
+requests and their replies).
 
 ``FrameReader.feed()`` takes bytes as they arrive and returns complete ``(type, body)`` pairs;
 a frame over ``MAX_FRAME``, an unknown type or a body that does not decode is a ``LinkError``:
@@ -24,22 +26,15 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
+from meshmq.broker.wire import Reader, WireError
+from meshmq.broker.wire import Writer as _WireWriter
+
 MAX_FRAME = 512 * 1024 * 1024  # far above any MQTT packet (256 MB) plus its envelope
 
 _HEADER = struct.Struct(">IB")
-_U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_MESSAGE_HEAD = struct.Struct(">BBH")  # flags, qos, topic length
-_POSITION = struct.Struct(">IQ")
 
-FLAG_RETAIN = 0x01
-FLAG_POSITION = 0x02
-
-
-class LinkError(Exception):
-    """A peer sent bytes that are not the link protocol; the link is closed."""
+LinkError = WireError  # a peer sent bytes that are not the link protocol: the link is closed
+GroupKey = tuple[str, str]  # (share name, filter)
 
 
 class FrameType(IntEnum):
@@ -67,168 +62,22 @@ class FrameType(IntEnum):
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
 
 
-# ---------------------------------------------------------------------- generic encoding
+# ---------------------------------------------------------------------- encoding
 
 
-class Writer:
-    """Builds one frame body."""
+class Writer(_WireWriter):
+    """Builds one frame: the fields of broker/wire.py, then ``frame()`` adds the header."""
 
-    __slots__ = ("parts",)
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def u8(self, value: int) -> Writer:
-        self.parts.append(_U8.pack(value))
-        return self
-
-    def u16(self, value: int) -> Writer:
-        self.parts.append(_U16.pack(value))
-        return self
-
-    def u32(self, value: int) -> Writer:
-        self.parts.append(_U32.pack(value))
-        return self
-
-    def u64(self, value: int) -> Writer:
-        self.parts.append(_U64.pack(value))
-        return self
-
-    def text(self, value: str) -> Writer:
-        data = value.encode("utf-8")
-        self.parts.append(_U16.pack(len(data)))
-        self.parts.append(data)
-        return self
-
-    def blob(self, value: bytes) -> Writer:
-        self.parts.append(_U32.pack(len(value)))
-        self.parts.append(value)
-        return self
-
-    def offsets(self, values: list[int]) -> Writer:
-        self.u32(len(values))
-        self.parts.append(struct.pack(f">{len(values)}Q", *values))
-        return self
+    __slots__ = ()
 
     def frame(self, frame_type: FrameType) -> bytes:
         body = b"".join(self.parts)
         return _HEADER.pack(len(body) + 1, frame_type) + body
 
 
-class Reader:
-    """Reads one frame body; any overrun or bad UTF-8 is a ``LinkError``."""
-
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes, pos: int = 0) -> None:
-        self.data = data
-        self.pos = pos
-
-    def _take(self, size: int) -> int:
-        start = self.pos
-        end = start + size
-        if end > len(self.data):
-            raise LinkError("frame body ends early")
-        self.pos = end
-        return start
-
-    def u8(self) -> int:
-        return _U8.unpack_from(self.data, self._take(1))[0]
-
-    def u16(self) -> int:
-        return _U16.unpack_from(self.data, self._take(2))[0]
-
-    def u32(self) -> int:
-        return _U32.unpack_from(self.data, self._take(4))[0]
-
-    def u64(self) -> int:
-        return _U64.unpack_from(self.data, self._take(8))[0]
-
-    def text(self) -> str:
-        size = self.u16()
-        start = self._take(size)
-        try:
-            return self.data[start:start + size].decode("utf-8")
-        except UnicodeDecodeError:
-            raise LinkError("string is not UTF-8") from None
-
-    def blob(self) -> bytes:
-        size = self.u32()
-        start = self._take(size)
-        return self.data[start:start + size]
-
-    def offsets(self) -> list[int]:
-        count = self.u32()
-        start = self._take(8 * count)
-        return list(struct.unpack_from(f">{count}Q", self.data, start))
-
-    def end(self) -> None:
-        if self.pos != len(self.data):
-            raise LinkError("trailing bytes after the frame body")
-
-
-# ---------------------------------------------------------------------- messages
-
-
-@dataclass(slots=True)
-class WireMessage:
-    """A publish as it crosses a link (the broker turns it into a ``Message``)."""
-
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-    properties: bytes  # the 5.0 property block, length prefix included (b"\\x00": none)
-    sender: str  # client id of the publisher ("" for none)
-    position: tuple[int, int] | None = None  # (partition, offset) once in the commit log
-
-
-def encode_message(message: WireMessage) -> bytes:
-    """The message body: flags, qos, topic, [position], sender, properties, payload."""
-    return encode_message_fields(
-        message.topic.encode("utf-8"), message.payload, message.qos, message.retain,
-        message.properties, message.sender.encode("utf-8"), message.position)
-
-
-def encode_message_fields(topic: bytes, payload: bytes, qos: int, retain: bool,
-                          properties: bytes, sender: bytes,
-                          position: tuple[int, int] | None) -> bytes:
-    """``encode_message`` from already encoded fields (the FORWARD hot path)."""
-    if position is None:
-        return b"".join((
-            _MESSAGE_HEAD.pack(FLAG_RETAIN if retain else 0, qos, len(topic)), topic,
-            _U16.pack(len(sender)), sender, _U32.pack(len(properties)), properties, payload))
-    return b"".join((
-        _MESSAGE_HEAD.pack((FLAG_RETAIN if retain else 0) | FLAG_POSITION, qos, len(topic)),
-        topic, _POSITION.pack(*position), _U16.pack(len(sender)), sender,
-        _U32.pack(len(properties)), properties, payload))
-
-
-def decode_message(data: bytes, pos: int = 0) -> WireMessage:
-    """The inverse of ``encode_message`` over ``data[pos:]`` (the payload runs to the end)."""
-    reader = Reader(data, pos)
-    flags = reader.u8()
-    qos = reader.u8()
-    if qos > 2 or flags & ~(FLAG_RETAIN | FLAG_POSITION):
-        raise LinkError("bad message flags")
-    size = reader.u16()
-    start = reader._take(size)
-    try:
-        topic = data[start:start + size].decode("utf-8")
-    except UnicodeDecodeError:
-        raise LinkError("topic is not UTF-8") from None
-    position = None
-    if flags & FLAG_POSITION:
-        position = _POSITION.unpack_from(data, reader._take(_POSITION.size))
-        position = (position[0], position[1])
-    sender = reader.text()
-    properties = reader.blob()
-    return WireMessage(topic, data[reader.pos:], qos, bool(flags & FLAG_RETAIN), properties,
-                       sender, position)
-
-
-def forward_frame(groups: list[tuple[str, str]], body: bytes) -> bytes:
-    """FORWARD: the groups (name, filter) the receiver serves, then the message body."""
+def forward_frame(groups: list[GroupKey], body: bytes) -> bytes:
+    """FORWARD: the groups (name, filter) the receiver serves, then the message body (encoded
+    once for every peer, broker/wire.py)."""
     if not groups:
         return _HEADER.pack(len(body) + 5, FrameType.FORWARD) + b"\x00\x00\x00\x00" + body
     writer = Writer().u32(len(groups))
@@ -236,60 +85,6 @@ def forward_frame(groups: list[tuple[str, str]], body: bytes) -> bytes:
         writer.text(name).text(topic_filter)
     head = b"".join(writer.parts)
     return _HEADER.pack(len(head) + len(body) + 1, FrameType.FORWARD) + head + body
-
-
-def parse_forward(body: bytes) -> tuple[list[tuple[str, str]], WireMessage]:
-    if body[:4] == b"\x00\x00\x00\x00":  # no groups: the hot case, read in one go
-        return [], _decode_message_fast(body, 4)
-    reader = Reader(body)
-    groups = [(reader.text(), reader.text()) for _ in range(reader.u32())]
-    return groups, decode_message(body, reader.pos)
-
-
-_FAST_HEAD = struct.Struct(">BBH")
-
-
-def _decode_message_fast(data: bytes, pos: int) -> WireMessage:
-    """``decode_message`` without a ``Reader`` (same checks, fewer calls)."""
-    try:
-        flags, qos, size = _FAST_HEAD.unpack_from(data, pos)
-        if qos > 2 or flags & ~(FLAG_RETAIN | FLAG_POSITION):
-            raise LinkError("bad message flags")
-        pos += 4
-        end = pos + size
-        topic = data[pos:end].decode("utf-8")
-        position = None
-        if flags & FLAG_POSITION:
-            position = _POSITION.unpack_from(data, end)
-            end += 12
-        size = _U16.unpack_from(data, end)[0]
-        pos = end + 2
-        end = pos + size
-        sender = data[pos:end].decode("utf-8")
-        size = _U32.unpack_from(data, end)[0]
-        pos = end + 4
-        end = pos + size
-        if end > len(data):
-            raise LinkError("frame body ends early")
-        properties = data[pos:end]
-    except struct.error:
-        raise LinkError("frame body ends early") from None
-    except UnicodeDecodeError:
-        raise LinkError("string is not UTF-8") from None
-    return WireMessage(topic, data[end:], qos, bool(flags & FLAG_RETAIN), properties, sender,
-                       position and (position[0], position[1]))
-
-
-def messages_blob(bodies: list[bytes]) -> Writer:
-    """A list of encoded messages, each as a byte string."""
-    writer = Writer().u32(len(bodies))
-    for body in bodies:
-        writer.blob(body)
-    return writer
-
-
-def read_messages(reader: Reader) -> list[WireMessage]:
-    return [decode_message(reader.blob()) for _ in range(reader.u32())]
 
 
 # ---------------------------------------------------------------------- frames
@@ -301,7 +96,6 @@ def read_messages(reader: Reader) -> list[WireMessage]:
 
 Highs = dict[int, int]  # partition -> high watermark, for the partitions the sender leads
 RouteChange = tuple[bool, str, str]  # (added, group or "", filter)
-GroupKey = tuple[str, str]  # (share name, filter)
 
 
 def _write_highs(writer: Writer, highs: Highs) -> Writer:
@@ -370,15 +164,18 @@ class Forward:
     The hot frame: ``forward_frame()`` builds it from a body encoded once for every peer."""
 
     groups: list[GroupKey]
-    message: WireMessage
+    message: bytes
 
     def encode(self) -> bytes:
-        return forward_frame(self.groups, encode_message(self.message))
+        return forward_frame(self.groups, self.message)
 
     @classmethod
     def decode(cls, body: bytes) -> Forward:
-        groups, message = parse_forward(body)
-        return cls(groups, message)
+        if body[:4] == b"\x00\x00\x00\x00":  # no groups: the hot case
+            return cls([], body[4:])
+        reader = Reader(body)
+        groups = [(reader.text(), reader.text()) for _ in range(reader.u32())]
+        return cls(groups, _rest(body, reader))
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,15 +199,16 @@ class Append:
 
 @dataclass(frozen=True, slots=True)
 class Retain:
-    """Request to a topic's owner: store (empty payload: clear) this retained message; with
-    ``route``, also route it (the owner is the one place retained publishes are ordered)."""
+    """Request to a topic's owner: store (empty payload: clear) this retained message. With
+    ``migrate`` (a copy from a worker that owned the topic under another worker count) only if
+    the owner has none for that topic."""
 
     request_id: int
-    route: bool
+    migrate: bool
     message: bytes
 
     def encode(self) -> bytes:
-        writer = Writer().u64(self.request_id).u8(self.route)
+        writer = Writer().u64(self.request_id).u8(self.migrate)
         writer.parts.append(self.message)
         return writer.frame(FrameType.RETAIN)
 
@@ -531,24 +329,31 @@ class Release:
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """Answer to CLAIM or RELEASE: ``status`` (CLAIM_*), the worker that held the session and
-    the session handed over (empty if none)."""
+    """Answer to CLAIM or RELEASE: ``status`` (CLAIM_*), the workers that held the session and
+    the sessions they handed over (normally one; two after a crash in a hand-over)."""
 
     request_id: int
     status: int
-    holder: int
-    session: bytes
+    holders: list[int]
+    sessions: list[bytes]
 
     def encode(self) -> bytes:
-        return (Writer().u64(self.request_id).u8(self.status).u16(self.holder)
-                .blob(self.session).frame(FrameType.CLAIMED))
+        writer = Writer().u64(self.request_id).u8(self.status).u16(len(self.holders))
+        for holder in self.holders:
+            writer.u16(holder)
+        writer.u32(len(self.sessions))
+        for session in self.sessions:
+            writer.blob(session)
+        return writer.frame(FrameType.CLAIMED)
 
     @classmethod
     def decode(cls, body: bytes) -> Claimed:
         reader = Reader(body)
-        frame = cls(reader.u64(), reader.u8(), reader.u16(), reader.blob())
+        request_id, status = reader.u64(), reader.u8()
+        holders = [reader.u16() for _ in range(reader.u16())]
+        sessions = [reader.blob() for _ in range(reader.u32())]
         reader.end()
-        return frame
+        return cls(request_id, status, holders, sessions)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from meshmq.cluster.codec import (
     Barrier,
     BarrierDone,
+    Forward,
     FrameReader,
     FrameType,
     Hello,
@@ -59,7 +60,8 @@ from meshmq.cluster.codec import (
     forward_frame,
 )
 from meshmq.cluster.requests import Requests
-from meshmq.cluster.routes import RouteKey, Routes as RouteTable
+from meshmq.cluster.routes import RouteKey
+from meshmq.cluster.routes import Routes as RouteTable
 from meshmq.cluster.spec import WorkerSpec
 
 if TYPE_CHECKING:
@@ -90,10 +92,7 @@ class MeshIO(Protocol):
         """Close the link (a protocol error, or a newer link to the same peer)."""
 
 
-class MessageCodec(Protocol):
-    """How messages cross a link (the core's one wire body, broker/wire.py)."""
-
-    def encode(self, message: Message, now: float) -> bytes: ...
+EncodeMessage = Callable[["Message", float], bytes]  # the core's one body (broker/wire.py)
 
 
 @dataclass(slots=True)
@@ -112,11 +111,11 @@ class _Link:
 class Mesh:
     """One worker's side of the mesh (see the module docstring)."""
 
-    def __init__(self, worker: WorkerSpec, io: MeshIO, codec: MessageCodec,
+    def __init__(self, worker: WorkerSpec, io: MeshIO, encode: EncodeMessage,
                  highs: Callable[[], Highs]) -> None:
         self.worker = worker
         self.io = io
-        self.codec = codec
+        self.encode = encode
         self.highs = highs  # the high watermarks of the partitions this worker leads
         self.routes = RouteTable()
         self.requests: Requests[Any] = Requests()
@@ -129,8 +128,10 @@ class Mesh:
         self._drained: dict[int, list[Callable[[], None]]] = {}
         self.on_link_up: list[Callable[[int, Hello], None]] = []
         self.on_link_down: list[Callable[[int], None]] = []
+        self.on_tick: list[Callable[[float], None]] = []
         self.on_congested: Callable[[int], None] | None = None
-        self.on_forwarded: Callable[[list[RouteKey], Any], None] | None = None
+        self.on_forward: Callable[[int, Forward], None] | None = None
+        self.on_highs: Callable[[int, Highs], None] | None = None
         self.closing = False
         self.counters = {"forwarded": 0, "frames_in": 0, "frames_out": 0, "bytes_in": 0,
                          "bytes_out": 0, "congested": 0}
@@ -233,11 +234,12 @@ class Mesh:
             if frame_type != FrameType.HELLO:
                 raise LinkError(f"frame type {frame_type} before HELLO")
             return self._hello(link, Hello.decode(body))
-        if frame_type == FrameType.FORWARD:
-            self._forwarded(body)
-            return
         peer = link.peer
         assert peer is not None
+        if frame_type == FrameType.FORWARD:
+            if self.on_forward is not None:
+                self.on_forward(peer, Forward.decode(body))
+            return
         frame = decode_frame(frame_type, body)
         if frame_type in self._answers:
             self.requests.answer(peer, frame.request_id, frame)  # type: ignore[union-attr]
@@ -330,7 +332,7 @@ class Mesh:
         here, targets = self.routes.targets(message.topic, local_groups, self.peers)
         if not targets:
             return here, 0
-        body = self.codec.encode(message, now)
+        body = self.encode(message, now)
         for peer, groups in targets.items():
             link = self.peers[peer]
             self._queue(link, forward_frame(groups, body))
@@ -344,12 +346,8 @@ class Mesh:
         peer = self.routes.group_peer(key, self.peers)
         if peer is None:
             return 0
-        self._queue(self.peers[peer], forward_frame([key], self.codec.encode(message, now)))
+        self._queue(self.peers[peer], forward_frame([key], self.encode(message, now)))
         return 1
-
-    def _forwarded(self, body: bytes) -> None:
-        if self.on_forwarded is not None:
-            self.on_forwarded([], body)
 
     # ------------------------------------------------------------------ requests
 
@@ -394,6 +392,8 @@ class Mesh:
     def expire(self, now: float) -> None:
         """Time passed (the I/O layer's timer): fail or finish what is overdue."""
         self._schedule(now)
+        for tick in self.on_tick:
+            tick(now)
 
     def _schedule(self, now: float | None = None) -> None:
         deadline = self.requests.expire(self.io.now() if now is None else now)
@@ -411,8 +411,6 @@ class Mesh:
 
         self.ask_all(lambda request_id: Barrier(request_id).encode(), on_answer, done,
                      "route barrier")
-
-    on_highs: Callable[[int, Highs], None] | None = None
 
     def _on_barrier(self, peer: int, frame: Barrier) -> None:
         self.send(peer, BarrierDone(frame.request_id, self.highs()).encode())

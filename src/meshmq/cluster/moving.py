@@ -20,7 +20,8 @@ link, so B has adopted the session when it arrives. It skips what reaches B anyw
 
 B, once it has adopted the session and sent its routes, sends ``SETTLED``; A then drops the
 stub and its routes (B's now cover the session, and anything B routed before arrived at A
-before ``SETTLED`` and was sent back). A dropped link or ``SETTLE_TIMEOUT`` ends a stub too.
+before ``SETTLED`` and was sent back). A dropped link or ``SETTLE_TIMEOUT`` ends a stub too
+(cluster/directory.py keeps them).
 
 With more than two workers, a third worker C may forward a message to both A (whose stub sends
 it on) and B in the moment between learning B's routes and A's withdrawal: B can then receive
@@ -45,7 +46,7 @@ Redirect = Callable[["Message", int, bool, "list[int] | None", "SharedKey | None
 class MovedSession(Session):
     """Stands in for a session handed over to ``peer`` until that worker has settled it."""
 
-    __slots__ = ("covered", "peer", "redirect", "timer")
+    __slots__ = ("covered", "deadline", "peer", "redirect")
 
     def __init__(self, moved: Session, peer: int, redirect: Redirect,
                  covered: Callable[[Message], bool]) -> None:
@@ -54,7 +55,7 @@ class MovedSession(Session):
         self.peer = peer
         self.redirect = redirect
         self.covered = covered  # True: the peer gets this message anyway
-        self.timer: object | None = None
+        self.deadline = 0.0  # when it goes, SETTLED or not
 
     def deliver(
         self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None,

@@ -9,7 +9,10 @@ is mapped to a partition by the ``Partitioner`` (stable CRC-32 hash), so all rec
 (or on a topic group, with ``key_level``) are totally ordered by offset.
 
 An exclusive ``flock`` on ``data_dir/log/.lock`` keeps a second process (or a second
-``CommitLog`` in this one) from opening the same directory. Every method is thread-safe; see
+``CommitLog`` in this one) from opening the same directory. A node of several worker processes
+splits the partitions between them: its supervisor holds ``log/.lock`` (``lock_node_log``) and
+each worker opens only the partitions it leads (``partitions=``), each under its own
+``log/{n}/.lock``. Every method is thread-safe; see
 ``partition.py`` for what each one blocks on. ``LogWriter`` (``writer.py``) is the intended way
 to append from an event loop: it groups appends and fsyncs on its own thread.
 """
@@ -18,13 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from meshmq.log.config import LogConfig
-from meshmq.log.errors import LogConfigError, LogDirectoryLocked
+from meshmq.log.errors import LogConfigError, LogDirectoryLocked, LogError
 from meshmq.log.files import FsyncFunction, fsync_directory
 from meshmq.log.locks import LOCK_FILE, acquire
 from meshmq.log.partition import DEFAULT_READ_BYTES, Partition, PartitionStatistics
@@ -57,24 +60,38 @@ class CommitLog:
     """The partitioned commit log; see the module docstring."""
 
     def __init__(self, data_dir: Path | str, config: LogConfig | None = None, *,
-                 fsync: FsyncFunction = os.fsync, now_ms: int | None = None) -> None:
-        """Open or create ``data_dir/log``, recovering every partition.
+                 fsync: FsyncFunction = os.fsync, now_ms: int | None = None,
+                 partitions: Collection[int] | None = None) -> None:
+        """Open or create ``data_dir/log``, recovering every partition (or only
+        ``partitions``: those this process leads, the others being led by other processes of
+        the node).
 
         ``fsync`` replaces ``os.fsync`` everywhere the log syncs (tests wrap it to observe
         durability). Raises ``LogConfigError`` on a partition-count or format mismatch,
-        ``LogDirectoryLocked`` if the directory is in use, ``CorruptSegment`` on corruption.
+        ``LogDirectoryLocked`` if the directory (or one of ``partitions``) is in use,
+        ``CorruptSegment`` on corruption.
         """
         self.config = config or LogConfig()
         self.directory = Path(data_dir) / LOG_DIRECTORY
         self.directory.mkdir(parents=True, exist_ok=True)
         self.partitioner = Partitioner(self.config.partitions, self.config.key_level)
-        self._partitions: list[Partition] = []
-        self._lock_fd = _lock_directory(self.directory / LOCK_FILE)
+        self._partitions: dict[int, Partition] = {}
+        # The whole log's lock (one process has it all), or, for a subset, the node's
+        # supervisor holds it (node_lock) and each partition has its own.
+        self._lock_fds: list[int] = []
+        if partitions is None:
+            self._lock_fds.append(_lock_directory(self.directory / LOCK_FILE))
+        self.owned = tuple(range(self.config.partitions)) if partitions is None else tuple(
+            sorted(partitions))
         try:
             _check_meta(self.directory, self.config.partitions, fsync)
-            for n in range(self.config.partitions):
-                self._partitions.append(Partition(
-                    self.directory / str(n), self.config, fsync=fsync, now_ms=now_ms))
+            for n in self.owned:
+                directory = self.directory / str(n)
+                if partitions is not None:
+                    directory.mkdir(exist_ok=True)
+                    self._lock_fds.append(_lock_directory(directory / LOCK_FILE))
+                self._partitions[n] = Partition(directory, self.config, fsync=fsync,
+                                                now_ms=now_ms)
             for directory in (self.directory, self.directory.parent):  # new directory entries
                 fsync_directory(directory, fsync)
         except BaseException:
@@ -87,7 +104,11 @@ class CommitLog:
 
     def partition(self, partition: int) -> Partition:
         """The ``Partition`` object, for cursors that read one partition repeatedly."""
-        return self._partitions[partition]
+        found = self._partitions.get(partition)
+        if found is None:
+            raise LogError(f"partition {partition} is not open in this process "
+                           f"(it leads {list(self.owned)})")
+        return found
 
     def partition_for(self, topic: str) -> int:
         """The partition records on ``topic`` go to (stable across processes and restarts)."""
@@ -102,7 +123,7 @@ class CommitLog:
         record = Record.new(topic, payload, timestamp_ms, qos=qos, retain=retain,
                             properties=properties, client_id=client_id, message_id=message_id)
         partition = self.partition_for(topic)
-        return partition, self._partitions[partition].append([record], timestamp_ms)[0]
+        return partition, self.partition(partition).append([record], timestamp_ms)[0]
 
     def append_many(self, records: Sequence[Record],
                     now_ms: int | None = None) -> list[tuple[int, int]]:
@@ -121,50 +142,50 @@ class CommitLog:
     def append_to(self, partition: int, records: Sequence[Record],
                   now_ms: int | None = None) -> tuple[int, int]:
         """Append records to one partition whatever their topics; return (first, last) offset."""
-        return self._partitions[partition].append(records, now_ms)
+        return self.partition(partition).append(records, now_ms)
 
     # -- reading --------------------------------------------------------------------------
 
     def read(self, partition: int, offset: int, max_records: int | None = None, *,
              max_bytes: int = DEFAULT_READ_BYTES) -> list[Record]:
         """Records of ``partition`` from ``offset`` on; see ``Partition.read``."""
-        return self._partitions[partition].read(offset, max_records=max_records,
-                                                max_bytes=max_bytes)
+        return self.partition(partition).read(offset, max_records=max_records,
+                                              max_bytes=max_bytes)
 
     def earliest_offset(self, partition: int) -> int:
-        return self._partitions[partition].earliest_offset
+        return self.partition(partition).earliest_offset
 
     def next_offset(self, partition: int) -> int:
-        return self._partitions[partition].next_offset
+        return self.partition(partition).next_offset
 
     def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None:
         """First offset at or after ``timestamp_ms``; None: all older, use ``next_offset``."""
-        return self._partitions[partition].offset_for_timestamp(timestamp_ms)
+        return self.partition(partition).offset_for_timestamp(timestamp_ms)
 
     # -- maintenance ----------------------------------------------------------------------
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Apply retention to every partition; return the number of segments deleted."""
-        return sum(p.enforce_retention(now_ms) for p in self._partitions)
+        return sum(p.enforce_retention(now_ms) for p in self._partitions.values())
 
     def flush(self, partitions: Iterable[int] | None = None) -> None:
         """fsync the given partitions (all by default): what was appended is now durable."""
-        chosen = range(len(self._partitions)) if partitions is None else partitions
+        chosen = self.owned if partitions is None else partitions
         for n in chosen:
-            self._partitions[n].flush()
+            self.partition(n).flush()
 
     def statistics(self) -> LogStatistics:
-        return LogStatistics(tuple(p.statistics() for p in self._partitions))
+        return LogStatistics(tuple(p.statistics() for p in self._partitions.values()))
 
     def close(self) -> None:
-        """Flush and close every partition, then release the directory lock. Idempotent."""
+        """Flush and close every partition, then release the locks. Idempotent."""
         try:
-            for partition in self._partitions:
+            for partition in self._partitions.values():
                 partition.close()
         finally:
-            if self._lock_fd >= 0:
-                os.close(self._lock_fd)  # releases the flock
-                self._lock_fd = -1
+            for fd in self._lock_fds:
+                os.close(fd)  # releases the flock
+            self._lock_fds = []
 
     def __enter__(self) -> CommitLog:
         return self
@@ -172,6 +193,21 @@ class CommitLog:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def lock_node_log(data_dir: Path | str, partitions: int) -> int:
+    """For a node's supervisor: create or check ``data_dir/log`` (its ``meta.json``) and hold
+    its lock while the workers open their partitions. Returns the lock's fd (close it to
+    release); raises as ``CommitLog`` does."""
+    directory = Path(data_dir) / LOG_DIRECTORY
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = _lock_directory(directory / LOCK_FILE)
+    try:
+        _check_meta(directory, partitions, os.fsync)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _lock_directory(path: Path) -> int:

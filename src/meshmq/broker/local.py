@@ -1,0 +1,92 @@
+"""The single-process versions of the core's interfaces (broker/interfaces.py).
+
+A node of one router has no peers, keeps every retained message itself, holds every session
+itself and publishes its own ``$SYS`` totals. These classes say so, so that the core has no
+"am I alone?" branches; ``cluster/`` provides the versions for several routers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshmq.broker.interfaces import Done, SharedKey
+    from meshmq.broker.keeper import StateKeeper
+    from meshmq.broker.message import Message
+    from meshmq.broker.retained import RetainedStore
+    from meshmq.broker.session import Session
+
+
+class LocalPeers:
+    """No other router: every shared group is served here, nothing is forwarded."""
+
+    def route(self, message: Message, local_groups: Collection[SharedKey], now: float
+              ) -> tuple[Collection[SharedKey], int]:
+        return local_groups, 0
+
+    def group_elsewhere(self, key: SharedKey, message: Message, now: float) -> int:
+        return 0
+
+    def route_changed(self, added: bool, group: str, topic_filter: str) -> None:
+        pass
+
+    def barrier(self, done: Done) -> None:
+        done()
+
+
+class LocalRetained:
+    """Retained messages in this process's store, journaled by its keeper."""
+
+    def __init__(self, store: RetainedStore[Message], keeper: StateKeeper,
+                 clock: Callable[[], float]) -> None:
+        self.store = store
+        self.keeper = keeper
+        self.clock = clock
+
+    def keep(self, message: Message, done: Done | None) -> None:
+        stored = message if message.payload else None  # MQTT-3.3.1-6: empty payload clears
+        self.store.set(message.topic, stored)
+        self.keeper.retained(message.topic, stored, done)
+
+    def query(self, filters: list[str], done: Callable[[list[list[Message]]], None]) -> None:
+        done([self.matching(topic_filter) for topic_filter in filters])
+
+    def matching(self, topic_filter: str) -> list[Message]:
+        """The retained messages ``topic_filter`` matches; expired ones are dropped."""
+        now = self.clock()
+        found = []
+        for message in self.store.match(topic_filter):
+            if message.expired(now):
+                self.store.set(message.topic, None)
+                self.keeper.retained(message.topic, None)
+            else:
+                found.append(message)
+        return found
+
+    def count(self) -> int:
+        return len(self.store)
+
+
+class LocalDirectory:
+    """Every session is here: a CONNECT never has to claim one from elsewhere."""
+
+    def claim(self, client_id: str, clean_start: bool,
+              done: Callable[[list[Session]], None]) -> bool:
+        return False
+
+    def settled(self, client_id: str, adopted: list[Session]) -> None:
+        pass
+
+    def created(self, session: Session) -> None:
+        pass
+
+    def ended(self, session: Session) -> None:
+        pass
+
+
+class LocalStatistics:
+    """This router's counters are the node's."""
+
+    def totals(self, mine: dict[str, int]) -> dict[str, int] | None:
+        return mine
