@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from meshmq.networks import parse_networks
+
 
 class ConfigError(Exception):
     """A configuration file or value is invalid; the message is one line naming the key."""
@@ -186,8 +188,6 @@ _LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _check_networks(value: str) -> str:
-    from meshmq.broker.admission import parse_networks  # the parser lives with its user
-
     try:
         parse_networks(value)
     except ValueError as exc:

@@ -28,31 +28,12 @@ import enum
 import ipaddress
 from dataclasses import dataclass
 
+from meshmq.networks import IPNetwork, parse_networks
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+__all__ = ["IPNetwork", "parse_networks"]  # parsed where the configuration is checked too
 
 MAX_REFUSING = 64  # surplus connections per listener held open to be told CONNACK 0x97
-
-
-def parse_networks(text: str) -> tuple[IPNetwork, ...]:
-    """Parse a comma-separated list of CIDR networks ('10.0.0.0/8, ::1'); '' gives ().
-
-    A bare address is a one-address network; host bits are ignored (10.1.2.3/8 = 10.0.0.0/8).
-    Raises ``ValueError`` with a one-line message naming the bad item.
-    """
-    networks: list[IPNetwork] = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        try:
-            networks.append(ipaddress.ip_network(item, strict=False))
-        except ValueError:
-            shown = item if len(item) <= 60 else item[:57] + "..."
-            raise ValueError(
-                f"{shown!r} is not an IP network (CIDR such as 10.0.0.0/8 or 2001:db8::/32)"
-            ) from None
-    return tuple(networks)
 
 
 def peer_address(host: str) -> IPAddress | None:

@@ -14,21 +14,24 @@ by an older version are dropped on restore.
 
 from __future__ import annotations
 
-import base64
 import logging
 import shutil
-import time
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.message import Message
 from meshmq.broker.router import SYS_PREFIX
-from meshmq.broker.session import Session, Subscription
-from meshmq.broker.statestore import COMPACT_BYTES, Done, State, StateStore
-from meshmq.mqtt.codec import decode_properties, encode_properties
-from meshmq.mqtt.packets import SubscriptionOptions, Will
-from meshmq.mqtt.properties import PacketKind, PropertyId
+from meshmq.broker.session import Session
+from meshmq.broker.snapshot import (
+    SessionSnapshot,
+    SnapshotError,
+    message_from_json,
+    message_to_json,
+    options_to_json,
+    will_to_json,
+)
+from meshmq.broker.statestore import COMPACT_BYTES, Done, State, StateError, StateStore
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
@@ -43,76 +46,14 @@ def _remove_directories(paths: list[Path]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def wall_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text)
-
-
-def will_to_json(will: Will | None) -> dict[str, Any] | None:
-    if will is None:
-        return None
-    return {"topic": will.topic, "payload": _b64(will.payload), "qos": will.qos,
-            "retain": will.retain, "properties": _b64(encode_properties(will.properties))}
-
-
-def will_from_json(data: dict[str, Any] | None) -> Will | None:
-    if data is None:
-        return None
-    block = _unb64(data["properties"])
-    props, _ = decode_properties(block, 0, len(block), PacketKind.WILL)
-    return Will(data["topic"], _unb64(data["payload"]), data["qos"], data["retain"], props)
-
-
-def options_to_json(subscription: Subscription) -> list[Any]:
-    o = subscription.options
-    return [o.qos, o.no_local, o.retain_as_published, o.retain_handling,
-            subscription.subscription_id]
-
-
-def options_from_json(data: list[Any]) -> Subscription:
-    qos, no_local, rap, handling, sub_id = data
-    return Subscription(SubscriptionOptions(qos, no_local, rap, handling), sub_id)
-
-
-def message_to_json(message: Message) -> dict[str, Any]:
-    props = {k: v for k, v in message.properties.items() if k != PropertyId.MESSAGE_EXPIRY_INTERVAL}
-    expiry = message.properties.get(PropertyId.MESSAGE_EXPIRY_INTERVAL)
-    return {"payload": _b64(message.payload), "qos": message.qos, "sender": message.sender,
-            "properties": _b64(encode_properties(props)), "stored_at": wall_ms(),
-            "expiry": expiry, "position": message.position}
-
-
-def message_from_json(topic: str, data: dict[str, Any], loop_now: float) -> Message | None:
-    block = _unb64(data["properties"])
-    props, _ = decode_properties(block, 0, len(block), PacketKind.PUBLISH)
-    expiry = data.get("expiry")
-    if expiry is not None:
-        remaining = expiry - (wall_ms() - data["stored_at"]) // 1000
-        if remaining <= 0:
-            return None  # expired while the broker was down
-        props[PropertyId.MESSAGE_EXPIRY_INTERVAL] = remaining
-    message = Message(topic, _unb64(data["payload"]), data["qos"], True, props, data["sender"],
-                      loop_now)
-    if data.get("position"):
-        message.position = tuple(data["position"])  # type: ignore[assignment]
-    return message
-
-
 class StateKeeper:
     """Journals session and retained changes; restores them at start-up."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, index: int = 0, count: int = 1) -> None:
         self.broker = broker
-        worker = broker.worker
-        self.store = StateStore(broker.config.server.data_dir, broker.loop,
-                                "state" if worker is None else worker.state_directory)
+        self.index = index  # this router among the node's ``count`` workers
+        self.count = count
+        self.store = StateStore(broker.config.server.data_dir, broker.loop, state_directory(index))
         self.stored: set[str] = set()  # client ids with a stored session
         self._cursors: dict[str, list[int] | None] = {}
         self._timer: Any = None
@@ -136,17 +77,20 @@ class StateKeeper:
         if past_run:
             log.info("state: dropped the $SYS values of a past run retained=%d", len(past_run))
         for topic, data in state["retained"].items():
-            message = message_from_json(topic, data, now)
+            try:
+                message = message_from_json(topic, data, now)
+            except (SnapshotError, ValueError, KeyError, TypeError) as error:
+                raise StateError(f"{self.store.directory}: bad retained message {topic!r} "
+                                 f"({error!r})") from None
             if message is not None:
-                broker.router.retained.set(topic, message)
+                broker.retained_store.set(topic, message)
         for client_id, record in state["sessions"].items():
             self.stored.add(client_id)
-            broker.restore_session(
-                client_id, record.get("expiry", 0), record.get("username"),
-                will_from_json(record.get("will")),
-                {f: options_from_json(o) for f, o in record.get("subs", {}).items()},
-                record.get("cursor"), record.get("detached_at"),
-            )
+            try:
+                snapshot = SessionSnapshot.from_record(client_id, record)
+            except SnapshotError as error:
+                raise StateError(f"{self.store.directory}: {error}") from None
+            broker.restore_session(snapshot)
         if state["sessions"] or state["retained"]:
             log.info("state restored sessions=%d retained=%d", len(state["sessions"]),
                      len(state["retained"]))
@@ -155,14 +99,12 @@ class StateKeeper:
 
     def _merge_orphans(self, state: State) -> list[Path]:
         data_dir = Path(self.broker.config.server.data_dir)
-        worker = self.broker.worker
         orphans = []
         for path in sorted(data_dir.glob("state-*")):
             index = path.name.removeprefix("state-")
             if not index.isdigit() or not path.is_dir():
                 continue
-            if worker is not None and (int(index) < worker.count
-                                       or int(index) % worker.count != worker.index):
+            if int(index) < self.count or int(index) % self.count != self.index:
                 continue
             store = StateStore(data_dir, self.broker.loop, path.name)
             found = store.load()
@@ -172,9 +114,8 @@ class StateKeeper:
                 if mine is None or (record.get("detached_at") or 0) > (
                         mine.get("detached_at") or 0):
                     state["sessions"][client_id] = record
-            if worker is None or worker.is_leader:
-                for topic, data in found["retained"].items():
-                    state["retained"].setdefault(topic, data)
+            for topic, data in found["retained"].items():  # their owners get them (workers)
+                state["retained"].setdefault(topic, data)
             log.info("state merged from %s sessions=%d", path.name, len(found["sessions"]))
             orphans.append(path)
         return orphans
@@ -193,17 +134,14 @@ class StateKeeper:
             session = broker.sessions.get(client_id)
             if session is not None:
                 sessions[client_id] = self._session_record(session)
-        retained = {topic: message_to_json(m) for topic, m in broker.router.retained.items()
+        now = broker.loop.time()
+        retained = {topic: message_to_json(m, now) for topic, m in broker.retained_store.items()
                     if not topic.startswith(SYS_PREFIX)}  # a run's values stay with the run
         return {"sessions": sessions, "retained": retained}
 
-    def _session_record(self, session: Session) -> dict[str, Any]:
-        return {
-            "expiry": session.expiry_interval, "username": session.username,
-            "will": will_to_json(session.will), "detached_at": session.detached_at,
-            "cursor": session.log_cursor(),
-            "subs": {f: options_to_json(s) for f, s in session.subscriptions.items()},
-        }
+    @staticmethod
+    def _session_record(session: Session) -> dict[str, Any]:
+        return SessionSnapshot.of(session).record()
 
     # ------------------------------------------------------------------ changes
 
@@ -242,8 +180,9 @@ class StateKeeper:
             if done is not None:
                 done()
             return
-        self.store.write({"op": "retain", "topic": topic,
-                          "message": None if message is None else message_to_json(message)}, done)
+        now = self.broker.loop.time()
+        self.store.write({"op": "retain", "topic": topic, "message": None if message is None
+                          else message_to_json(message, now)}, done)
 
     def _checkpoint(self) -> None:
         """Journal the log cursors of connected stored sessions that moved; compact if big."""
@@ -259,3 +198,9 @@ class StateKeeper:
         if self.store.journal_bytes > COMPACT_BYTES:
             self.store.compact(self.snapshot())
         self._timer = broker.loop.call_later(CHECKPOINT_SECONDS, self._checkpoint)
+
+
+def state_directory(index: int) -> str:
+    """The state directory of worker ``index`` under ``data_dir`` (``state`` for worker 0 and
+    for a single-process node)."""
+    return "state" if index == 0 else f"state-{index}"
