@@ -39,6 +39,7 @@ from meshmq.pipeline.jobs.demo_fleet import (
     device_name,
     fleet_payloads,
 )
+from meshmq.pipeline.jobs.interrupts import interrupt_requested
 
 if TYPE_CHECKING:
     from meshmq.pipeline.jobs.alerts import AlertsResult
@@ -204,6 +205,8 @@ def _pipeline(options: DemoOptions, workdir: Path, port: int, data_dir: str,
         publisher.close()
         raise
     sent = publisher.wait()
+    if interrupt_requested():  # Ctrl-C while the devices published: no Spark job started yet
+        raise KeyboardInterrupt
     print(f"demo: {options.devices} devices published {sent} messages")
     counter = AlertCounter(options.host, port)
     try:

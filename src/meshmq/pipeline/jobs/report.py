@@ -96,12 +96,12 @@ def pick_bucket(span_seconds: float) -> int:
 # ---------------------------------------------------------------- the log
 
 
-def collect_log(spark: SparkSession, options: ReportOptions, data: ReportData) -> None:
+def collect_log(spark: SparkSession, data_dir: str, options: ReportOptions,
+                data: ReportData) -> None:
     """Records, broker-time range, rates by topic root and the alerts published."""
     from pyspark.sql import functions as F
 
-    assert options.data_dir is not None
-    log = read_log(spark, options.data_dir, options=options.source_options)
+    log = read_log(spark, data_dir, options=options.source_options)
     is_alert = matches_any(F.col("topic"), (f"{options.alerts_prefix}/#",))
     records = log.select(
         F.unix_micros("timestamp").alias("us"),
@@ -110,7 +110,7 @@ def collect_log(spark: SparkSession, options: ReportOptions, data: ReportData) -
     try:
         span = records.agg(F.count(F.lit(1)).alias("n"), F.min("us").alias("lo"),
                            F.max("us").alias("hi")).first()
-        data.records = span["n"]
+        data.log_read, data.records = True, span["n"]
         if not data.records:
             return
         data.broker_first, data.broker_last = _utc(span["lo"]), _utc(span["hi"])
@@ -229,7 +229,7 @@ def collect(spark: SparkSession, options: ReportOptions) -> ReportData:
     _check_inputs(options)
     data = ReportData(units=dict(options.units), alerts_prefix=options.alerts_prefix)
     if options.data_dir is not None:
-        collect_log(spark, options, data)
+        collect_log(spark, options.data_dir, options, data)
     data.thresholds = thresholds_of(options.rules, data.alerts)
     if options.telemetry is not None:
         wanted = [t.field for t in data.thresholds]

@@ -77,7 +77,7 @@ def summary(data: ReportData) -> str:
         roots = ", ".join(f"{esc(root or '(empty)')}/… {n:,}" for root, n in data.roots[:6])
         rows.append(["Messages read from the log", f"{data.records:,} ({roots})"])
         rows.append(["Broker time", time_range(data.broker_first, data.broker_last)])
-    elif data.records == 0 and data.rates is None and not data.stats:
+    elif data.log_read:
         rows.append(["Messages read from the log", "0"])
     if data.event_first and data.event_last:
         rows.append(["Event time", f"{time_range(data.event_first, data.event_last)}, in "
@@ -98,7 +98,7 @@ def summary(data: ReportData) -> str:
 
 def _alerts_line(data: ReportData) -> str:
     if not data.alerts_total:
-        return "none" if data.records else "unknown (no log read)"
+        return "none" if data.log_read else "unknown (no log read)"
     by_rule: dict[str, int] = {}
     for (rule, _device), count in data.alert_counts.items():
         by_rule[rule] = by_rule.get(rule, 0) + count
@@ -241,8 +241,8 @@ def roots_section(data: ReportData) -> str:
     if not data.roots:
         return ""
     rows = [[esc(root or "(empty)"), f"{count:,}"] for root, count in data.roots]
-    return ("<h2>Messages per topic root</h2><p class=note>The first level of the topic; "
-            "alerts are on their own root.</p>" + _table(["root", "messages"], rows, {1}))
+    return ("<h2>Messages per topic root</h2><p class=note>Messages read from the log, by "
+            "the first level of their topic.</p>" + _table(["root", "messages"], rows, {1}))
 
 
 def render_html(data: ReportData, png_name: str, title: str, description: str = "") -> str:

@@ -83,6 +83,7 @@ class RateSeries:
 class ReportData:
     """Everything the PNG and the page show."""
 
+    log_read: bool = False  # whether the report read a log (records and alerts are known)
     records: int = 0  # log records read
     broker_first: datetime | None = None
     broker_last: datetime | None = None

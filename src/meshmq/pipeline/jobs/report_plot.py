@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")
+THRESHOLD_COLOURS = ("crimson", "black", "darkmagenta", "darkgoldenrod")  # not tab10 ones
+OFF_SCALE = 0.5  # a threshold further than this times the data's range from it is not drawn
 DPI = 90
 WIDTH = 12.5  # inches
 PANEL_HEIGHT = 3.1
@@ -61,6 +63,7 @@ def build_figure(data: ReportData, title: str) -> Figure:
     if not data.rates and not data.series:
         column[0].text(0.5, 0.5, "no records and no telemetry to show", ha="center")
         column[0].set_axis_off()
+        return figure
     if data.rates:
         draw_rates(column.pop(0), data)
     styles = device_styles(sorted({d for devices in data.series.values() for d in devices}))
@@ -94,9 +97,10 @@ def _time_axis(axes: Axes, label: str) -> None:
     axes.grid(True, alpha=0.3)
 
 
-def _legend(axes: Axes) -> None:
+def _legend(axes: Axes, title: str | None = None) -> None:
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
-                fontsize="small", frameon=False)
+                fontsize="small", title=title, title_fontsize="small", alignment="left",
+                frameon=False)
 
 
 def draw_rates(axes: Axes, data: ReportData) -> None:
@@ -116,8 +120,9 @@ def draw_rates(axes: Axes, data: ReportData) -> None:
                    f"each bar is one {duration(bucket)} bucket", loc="left")
     axes.set_ylabel("messages per second")
     axes.set_xlim(rates.starts[0], rates.starts[-1] + width)
+    axes.set_ylim(0, max(bottom) * 1.12 or 1)  # headroom: the tallest bar below the frame
     _time_axis(axes, "broker time (UTC): when the broker appended the message")
-    _legend(axes)
+    _legend(axes, "topic")
 
 
 def draw_field(axes: Axes, data: ReportData, name: str, devices: dict[str, Any],
@@ -128,9 +133,12 @@ def draw_field(axes: Axes, data: ReportData, name: str, devices: dict[str, Any],
         label = ", ".join(group) + (" (identical)" if len(group) > 1 else "")
         axes.plot(times, means, label=label, linewidth=1.4, markersize=4,
                   **styles[group[0]])
-    for line in (t for t in data.thresholds if t.field == name):
-        _threshold(axes, line)
-    _alerts(axes, [a for a in data.alerts if a.field == name and a.device in devices], styles)
+    alerts = [a for a in data.alerts if a.field == name and a.device in devices]
+    values = [v for points in devices.values() for _, v in points] + [a.value for a in alerts]
+    lines = [t for t in data.thresholds if t.field == name]
+    for index, line in enumerate(lines):
+        _threshold(axes, line, THRESHOLD_COLOURS[index % len(THRESHOLD_COLOURS)], values)
+    _alerts(axes, alerts, styles)
     total = len({row.device for row in data.stats if row.field == name})
     window = duration(data.window_seconds or 0)
     shown = f" ({len(devices)} busiest of {total} devices)" if total > len(devices) else ""
@@ -142,9 +150,16 @@ def draw_field(axes: Axes, data: ReportData, name: str, devices: dict[str, Any],
     _legend(axes)
 
 
-def _threshold(axes: Axes, line: Threshold) -> None:
-    axes.axhline(line.value, color="crimson", linestyle="--", linewidth=1.2,
-                 label=f"rule {line.label}")
+def _threshold(axes: Axes, line: Threshold, colour: str, values: list[float]) -> None:
+    """A dashed line at the threshold; only a legend entry if it lies far off the data (it
+    would squash the data into a strip)."""
+    low, high = (min(values), max(values)) if values else (line.value, line.value)
+    margin = OFF_SCALE * max(high - low, abs(high) * 0.01, 1e-9)
+    style = {"color": colour, "linestyle": "--", "linewidth": 1.2}
+    if low - margin <= line.value <= high + margin:
+        axes.axhline(line.value, label=f"rule {line.label}", **style)
+    else:
+        axes.plot([], [], label=f"rule {line.label} (off the scale)", **style)
 
 
 def _alerts(axes: Axes, alerts: list[Alert], styles: dict[str, dict[str, Any]]) -> None:
