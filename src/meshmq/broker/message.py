@@ -9,9 +9,10 @@ properties after the publisher's.
 
 Every delivery shares its payload; deliveries that need no per-receiver fields (QoS 0, no
 subscription identifier, no alias, no expiry countdown, no log position) also share one encoded
-frame per (protocol version, retain flag), built on first use. The 5.0 property block is
-encoded once per message, only if a 5.0 receiver (or the log) needs it; the block with the log
-position, once per message too, only if a receiver asked for positions.
+frame per (protocol version, retain flag), built on first use; receivers that asked for log
+positions share another. The 5.0 property block is encoded once per message, only if a 5.0
+receiver (or the log) needs it; the block with the log position, once per message too, only if
+a receiver asked for positions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from meshmq.mqtt.properties import Properties, PropertyId
 
 _EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
 _USER = PropertyId.USER_PROPERTY
+_POSITIONED_KEYS = (32, 33)  # ``_frames`` keys of the positioned frames (retain 0, 1)
 
 # User properties that tell an MQTT 5 receiver where a persisted message sits in the commit log
 # (docs/replay.md): enough to resume from there later, on this broker or another. Sent only to
@@ -107,6 +109,9 @@ class Message:
         """Record where the log stored this message (before it is routed)."""
         self.position = (partition, offset)
         self._props_positioned = None
+        if self._frames is not None:
+            for key in _POSITIONED_KEYS:
+                self._frames.pop(key, None)
 
     @classmethod
     def from_will(cls, will: Will, sender: str, now: float) -> Message:
@@ -158,6 +163,21 @@ class Message:
                 self._frame_key = key
                 self._frame = frame
             elif frames is None:
+                self._frames = {key: frame}
+            else:
+                frames[key] = frame
+        return frame
+
+    def positioned_frame(self, retain: bool) -> bytes:
+        """The QoS 0 5.0 frame with the log position, shared by the plain receivers that asked
+        for positions (built on first use, kept with the other variants)."""
+        key = _POSITIONED_KEYS[retain]
+        frames = self._frames
+        frame = None if frames is None else frames.get(key)
+        if frame is None:
+            frame = encode_publish(self.topic_bytes, self.payload, 0, retain, False, None,
+                                   self.encoded_positioned_properties())
+            if frames is None:
                 self._frames = {key: frame}
             else:
                 frames[key] = frame

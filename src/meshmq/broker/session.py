@@ -219,9 +219,9 @@ class Session:
         aliases = conn.outgoing_aliases  # None unless a 5.0 client allows aliases
         alias = 0 if aliases is None else aliases.lookup(message.topic)
         positioned = client.log_positions and message.position is not None
-        if not qos and not subscription_ids and message.expires_at is None and not alias \
-                and not positioned:
-            frame = message.shared_frame(conn.version, retain)
+        if not qos and not subscription_ids and message.expires_at is None and not alias:
+            frame = (message.positioned_frame(retain) if positioned
+                     else message.shared_frame(conn.version, retain))
         else:
             frame = self._encode(message, qos, retain, subscription_ids, packet_id, dup, now,
                                  conn.version, alias, positioned)

@@ -243,11 +243,15 @@ _OUT_OF_BOUNDS = {PropertyId.TOPIC_ALIAS: ReasonCode.TOPIC_ALIAS_INVALID}
 def with_topic_alias(block: bytes, alias: int) -> bytes:
     """The encoded property block ``block`` (length prefix included) with a Topic Alias
     property in front: an outgoing PUBLISH's block without decoding and re-encoding it."""
+    length = block[0]
+    if length < 125:  # one length byte before and after: the usual block (often empty)
+        return bytes((length + 3, _TOPIC_ALIAS, alias >> 8, alias & 0xFF)) + block[1:]
     length, pos = decode_varint(block, 0, len(block))
-    return b"".join((encode_varint(length + 3), _TOPIC_ALIAS_HEAD, _pack_u16(alias), block[pos:]))
+    return b"".join((encode_varint(length + 3), bytes((_TOPIC_ALIAS,)), _pack_u16(alias),
+                     block[pos:]))
 
 
-_TOPIC_ALIAS_HEAD = bytes((PropertyId.TOPIC_ALIAS,))
+_TOPIC_ALIAS = int(PropertyId.TOPIC_ALIAS)
 
 
 def decode_properties(

@@ -15,12 +15,19 @@ This object enforces every rule that needs only the bytes and this connection's 
 packet is CONNECT (MQTT-3.1.0-1) and only once (MQTT-3.1.0-2), our maximum packet size (checked
 from the fixed header, before the body is buffered), inbound topic aliases, topic names, the
 receive maximum we granted, QoS/retain availability, server-only packet types, the session
-expiry rule of DISCONNECT. A violation never raises out of ``receive_data()``: it is stored in
-``error``, the right CONNACK or DISCONNECT is queued (5.0; 3.1.1 just closes), the state becomes
-CLOSED and later input is discarded. The I/O layer closes the socket once it has written
-``data_to_send()`` and sees ``closed``. A CONNECT refused that way (an error in the same bytes,
-before CONNACK) is withdrawn from the events: the broker never acts on it, and a late
+expiry rule of DISCONNECT, and the rules of MQTT 3.1 (protocol name "MQIsdp", level 3: a client
+id of 1 to 23 characters, no session present flag, a SUBACK that cannot refuse; otherwise it is
+3.1.1). A violation never raises out of ``receive_data()``: it is stored in ``error``, the right
+CONNACK or DISCONNECT is queued (5.0; 3.1/3.1.1 get a CONNACK only for return codes 1 and 2 and
+are otherwise just closed), the state becomes CLOSED and later input is discarded. The I/O layer
+closes the socket once it has written ``data_to_send()`` and sees ``closed`` (``local_close``
+says why when the peer did nothing wrong). A CONNECT refused that way (an error in the same
+bytes, before CONNACK) is withdrawn from the events: the broker never acts on it, and a late
 ``send_connack()`` on a CLOSED connection does nothing.
+
+Outgoing topic aliases: the broker sets ``outgoing_alias_maximum`` before CONNACK; CONNACK
+lowers it to the client's Topic Alias Maximum and, if that leaves any, makes
+``outgoing_aliases`` (``aliases.py``) for the send path to use.
 
 With ``max_events`` set, one ``receive_data()`` call parses at most that many packets and keeps
 the rest; ``input_pending`` then asks the I/O layer to call ``receive_data(b"")`` again, e.g.
