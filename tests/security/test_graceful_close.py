@@ -230,7 +230,7 @@ def test_client_still_sending_reads_the_disconnect(broker, pki, transport) -> No
     assert packets, "nothing read"
     assert isinstance(packets[-1], Disconnect), f"last of {len(packets)}: {packets[-1]!r}"
     assert packets[-1].reason_code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
-    assert ended < LINGER_SECONDS + WAIT / 2
+    assert ended < LINGER_SECONDS  # our FIN follows the DISCONNECT: no wait for the bound
     if isinstance(pipe, WebSocketPipe):
         assert pipe.close_code == 1000  # a close frame after the DISCONNECT
 
@@ -255,5 +255,6 @@ def test_client_that_keeps_sending_is_cut_off_within_the_linger_bound(broker) ->
             return False
 
         wait_for(cut_off, timeout=LINGER_SECONDS + WAIT, what="the broker to drop the client")
-        assert time.monotonic() - started < LINGER_SECONDS + WAIT / 2
+        lingered = time.monotonic() - started
+        assert LINGER_SECONDS / 2 < lingered < LINGER_SECONDS + 3  # it waited, then gave up
         assert sent[0] < LINGER_BYTES
