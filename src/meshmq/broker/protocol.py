@@ -128,6 +128,8 @@ class ClientProtocol(asyncio.Protocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.close_reason and exc is not None:
+            self.close_reason = f"connection error: {exc}"
         self._end()
 
     def _end(self) -> None:
@@ -145,7 +147,7 @@ class ClientProtocol(asyncio.Protocol):
             self._timer = None
         self.conn.receive_eof()
         if not self.close_reason:
-            self.close_reason = f"connection error: {exc}" if exc is not None else "socket closed"
+            self.close_reason = "socket closed"
         self.broker.connection_lost(self)
 
     def pause_writing(self) -> None:
