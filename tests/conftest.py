@@ -274,17 +274,25 @@ def props(packet_type: int = PacketTypes.PUBLISH, **values) -> Properties:
     return result
 
 
-__all__ = ["WAIT", "BrokerProcess", "Client", "props", "start_broker", "threading", "wait_for"]
+__all__ = ["WAIT", "BrokerProcess", "Client", "asks_positions", "props", "split_position",
+           "start_broker", "threading", "wait_for"]
 
 
 Pairs = list[tuple[str, str]]
+POSITIONS_PAIR = ("meshmq-positions", "true")  # a CONNECT asking for log positions (replay.md)
+
+
+def asks_positions(**values) -> Properties:
+    """CONNECT properties asking for log positions on delivery, plus ``values`` (e.g.
+    ``SessionExpiryInterval=60``)."""
+    return props(PacketTypes.CONNECT, UserProperty=[POSITIONS_PAIR], **values)
 
 
 def split_position(pairs: Pairs | None) -> tuple[Pairs, tuple[int, int] | None]:
-    """Separate the broker's ``meshmq-partition``/``meshmq-offset`` user properties (added to
-    every persisted message) from the publisher's own; return (own pairs, (partition, offset))."""
-    own = [(k, v) for k, v in pairs or [] if k not in ("meshmq-partition", "meshmq-offset")]
-    found = dict(pair for pair in pairs or [] if pair[0] in ("meshmq-partition", "meshmq-offset"))
-    if not found:
-        return own, None
-    return own, (int(found["meshmq-partition"]), int(found["meshmq-offset"]))
+    """For a client that asked for log positions (``asks_positions``): separate the
+    ``meshmq-partition``/``meshmq-offset`` user properties, which come last, after the
+    publisher's own; return (own pairs, (partition, offset)), or (pairs, None) if absent."""
+    pairs = list(pairs or [])
+    if [name for name, _ in pairs[-2:]] != ["meshmq-partition", "meshmq-offset"]:
+        return pairs, None
+    return pairs[:-2], (int(pairs[-2][1]), int(pairs[-1][1]))

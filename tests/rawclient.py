@@ -47,7 +47,7 @@ class ConnectionClosed(Exception):
 
 
 class RawClient:
-    """One TCP connection speaking MQTT ``version`` (4 = 3.1.1, 5 = 5.0) by hand."""
+    """One TCP connection speaking MQTT ``version`` (3 = 3.1, 4 = 3.1.1, 5 = 5.0) by hand."""
 
     def __init__(self, port: int, version: int = 5, host: str = "127.0.0.1",
                  timeout: float = DEFAULT_TIMEOUT) -> None:
@@ -178,8 +178,9 @@ class RawClient:
                 keep_alive: int = 60, username: str | None = None,
                 password: bytes | None = None, timeout: float = DEFAULT_TIMEOUT) -> Connack:
         """Send CONNECT and return the CONNACK (whatever its reason code)."""
+        name = "MQIsdp" if self.version == 3 else "MQTT"  # 3.1 has its own protocol name
         self.send(Connect(client_id, self.version, clean_start, keep_alive, username, password,
-                          will, dict(properties or {})))
+                          will, dict(properties or {}), name))
         return self.recv_type(Connack, timeout)
 
     def subscribe(self, topic_filter: str | list[tuple[str, SubscriptionOptions]],

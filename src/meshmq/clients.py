@@ -180,7 +180,9 @@ def _wait_published(link: ClientLink, info: mqtt.MQTTMessageInfo, deadline: floa
             if time.monotonic() > deadline:
                 raise ClientError(f"publish not acknowledged within {TIMEOUT:g} s")
             info.wait_for_publish(0.05)
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError) as exc:  # paho: the connection is gone
+        if link.closed.wait(TIMEOUT):  # the broker closed it: say why, as above
+            raise link.refused() from None
         raise ClientError(f"publish failed: {exc}") from None
 
 

@@ -54,7 +54,7 @@ class MQTTConfig:
     shared_subscriptions: bool = True
     subscription_identifiers: bool = True
     topic_alias_maximum: int = 65535
-    broker_topic_aliases: int = 0
+    broker_topic_aliases: int = 65535
     max_topic_levels: int = 128
     connect_timeout: float = 10.0
     sys_interval: float = 10.0
@@ -251,7 +251,9 @@ _KEYS: dict[str, _Key] = {
     "mqtt.topic_alias_maximum": _Key(
         int, (0, 65535), "topic aliases a client may use towards the broker"),
     "mqtt.broker_topic_aliases": _Key(
-        int, (0, 65535), "topic aliases the broker assigns on outgoing publishes; 0 = off"),
+        int, (0, 65535), "topic aliases the broker may use on its publishes to a 5.0 client,"
+        " never more than the client's Topic Alias Maximum (65535: as many as it allows); the"
+        " topics it receives most get them; 0 = off"),
     "mqtt.max_topic_levels": _Key(
         int, (1, 65535), "most levels in a topic name or filter"),
     "mqtt.connect_timeout": _Key(

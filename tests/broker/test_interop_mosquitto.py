@@ -11,8 +11,6 @@ import time
 
 import pytest
 
-from conftest import split_position
-
 pytestmark = [
     pytest.mark.interop,
     pytest.mark.skipif(
@@ -171,10 +169,29 @@ def test_mosquitto_v5_properties_reach_paho(broker, client_factory):
                   "-D", "publish", "content-type", "application/json")
     msg = sub.expect()
     assert msg.payload == b"{}"
-    own, position = split_position(msg.properties.UserProperty)
-    assert own == [("origin", "mosquitto")]
-    assert position is not None  # a persisted QoS 1 message says where the log holds it
+    assert msg.properties.UserProperty == [("origin", "mosquitto")]  # exactly, nothing added
     assert msg.properties.ContentType == "application/json"
+
+
+@pytest.mark.parametrize("ask", [False, True], ids=["plain", "asking"])
+def test_mosquitto_sub_gets_log_positions_only_when_it_asks(broker, spawn, ask):
+    """mosquitto_sub prints the publisher's user properties as they were sent; with
+    ``-D connect user-property meshmq-positions true`` the log position follows them."""
+    extra = ["-D", "connect", "user-property", "meshmq-positions", "true"] if ask else []
+    sub = spawn(sub_cmd(broker.port, "mqttv5", "interop/pos", "-q", "1", "-C", "1", "-d",
+                        *extra, "-F", "MSG %t %p %P"))
+    sub.wait_line(lambda line: line.startswith("Subscribed"))
+    mosquitto_pub(broker.port, "mqttv5", "interop/pos", "m", "-q", "1",
+                  "-D", "publish", "user-property", "origin", "mosquitto")
+    assert sub.finish() == 0
+    (line,) = messages(sub)
+    topic, payload, *pairs = line.split()[1:]
+    assert (topic, payload) == ("interop/pos", "m")
+    if not ask:
+        assert pairs == ["origin:mosquitto"]
+    else:
+        assert pairs[0] == "origin:mosquitto" and len(pairs) == 3
+        assert pairs[1].startswith("meshmq-partition:") and pairs[2].startswith("meshmq-offset:")
 
 
 @pytest.mark.parametrize("version", VERSIONS)

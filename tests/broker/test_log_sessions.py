@@ -1,5 +1,6 @@
-"""Sessions as cursors into the commit log: log positions on delivery, replay on SUBSCRIBE,
-offline catch-up without copies, and session/retained state across restarts and kill -9."""
+"""Sessions as cursors into the commit log: log positions on delivery (to clients that ask),
+replay on SUBSCRIBE, offline catch-up without copies, and session/retained state across
+restarts and kill -9."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from conftest import BrokerProcess, props, split_position, start_broker, wait_for
+from conftest import (
+    BrokerProcess,
+    asks_positions,
+    props,
+    split_position,
+    start_broker,
+    wait_for,
+)
 from meshmq.mqtt.packets import Publish
 from meshmq.mqtt.properties import PropertyId
 
@@ -38,10 +46,10 @@ def received(client, count: int) -> list[mqtt.MQTTMessage]:
 
 
 def test_persisted_message_carries_partition_and_offset(broker, client_factory):
-    """Each persisted delivery to a 5.0 client names its partition and offset; offsets in one
-    partition (one topic) increase by one."""
+    """Each persisted delivery to a 5.0 client that asked (``meshmq-positions`` on CONNECT)
+    names its partition and offset; offsets in one partition (one topic) increase by one."""
     sub = client_factory("pos-sub", 5)
-    sub.connect(broker.port)
+    sub.connect(broker.port, properties=asks_positions())
     sub.subscribe("pos/t", qos=1)
     pub = client_factory("pos-pub", 5)
     pub.connect(broker.port)
@@ -54,9 +62,70 @@ def test_persisted_message_carries_partition_and_offset(broker, client_factory):
     assert [p[1] for p in positions] == [first, first + 1, first + 2]
 
 
+@pytest.mark.parametrize("sub_qos", [0, 1])
+def test_positions_only_for_a_client_that_asked(broker, client_factory, sub_qos):
+    """The same persisted messages: a client that did not ask gets the publisher's user
+    properties exactly (order kept, nothing added: MQTT-3.3.2-17, -18), or none at all; one
+    that asked gets them followed by the position."""
+    plain = client_factory("plain-sub", 5)
+    plain.connect(broker.port)
+    plain.subscribe("ask/#", qos=sub_qos)
+    asking = client_factory("asking-sub", 5)
+    asking.connect(broker.port, properties=asks_positions())
+    asking.subscribe("ask/#", qos=sub_qos)
+    pub = client_factory("ask-pub", 5)
+    pub.connect(broker.port)
+    own = [("b", "2"), ("a", "1"), ("b", "2")]
+    pub.publish("ask/own", b"1", qos=1, properties=props(PacketTypes.PUBLISH, UserProperty=own))
+    pub.publish("ask/none", b"2", qos=1)
+    first, second = received(plain, 2)
+    assert first.properties.UserProperty == own
+    assert not hasattr(second.properties, "UserProperty")
+    first, second = received(asking, 2)
+    assert split_position(first.properties.UserProperty)[0] == own
+    assert split_position(first.properties.UserProperty)[1] is not None
+    assert split_position(second.properties.UserProperty)[0] == []
+    assert split_position(second.properties.UserProperty)[1] is not None
+
+
+def test_resumed_session_follows_its_current_connect(broker, client_factory):
+    """Asking is per connection: a persistent session that asked, then reconnects without
+    asking, reads what it missed from the log without positions, and the other way round."""
+    first = client_factory("resumer", 5)
+    first.connect(broker.port, properties=asks_positions(SessionExpiryInterval=3600))
+    first.subscribe("resume/t", qos=1)
+    first.disconnect()
+    pub = client_factory("resume-pub", 5)
+    pub.connect(broker.port)
+    pub.publish("resume/t", b"missed", qos=1,
+                properties=props(PacketTypes.PUBLISH, UserProperty=[("k", "v")]))
+    back = client_factory("resumer", 5)
+    flags, _, _ = back.connect(broker.port, clean_start=False, properties=PERSISTENT)
+    assert flags.session_present
+    assert back.expect().properties.UserProperty == [("k", "v")]
+    back.disconnect()
+    pub.publish("resume/t", b"missed again", qos=1)
+    again = client_factory("resumer", 5)
+    again.connect(broker.port, clean_start=False,
+                  properties=asks_positions(SessionExpiryInterval=3600))
+    msg = again.expect()
+    assert msg.payload == b"missed again"
+    assert split_position(msg.properties.UserProperty)[1] is not None
+
+
+def test_bad_positions_value_is_refused_with_0x83(broker, client_factory):
+    client = client_factory("bad-positions", 5)
+    _, reason, _ = client.connect(
+        broker.port, expect_success=False,
+        properties=props(PacketTypes.CONNECT, UserProperty=[("meshmq-positions", "yes")]))
+    assert reason.value == 0x83
+    wait_for(lambda: "meshmq-positions must be 'true' or 'false', got 'yes'" in broker.log(),
+             what="the refusal logged")
+
+
 def test_qos0_is_not_persisted_by_default(broker, client_factory):
     sub = client_factory("q0-sub", 5)
-    sub.connect(broker.port)
+    sub.connect(broker.port, properties=asks_positions())
     sub.subscribe("q0/t", qos=1)
     pub = client_factory("q0-pub", 5)
     pub.connect(broker.port)
@@ -98,7 +167,7 @@ def test_replay_from_offset_resumes_where_the_device_left(broker, client_factory
     """A client that kept the partition/offset of a message resumes right after it."""
     publish_history(client_factory, broker.port, "dev/7/cmd", 10)
     first = client_factory("dev7", 5)
-    first.connect(broker.port)
+    first.connect(broker.port, properties=asks_positions())
     first.subscribe("dev/7/cmd", qos=1, properties=replay_props("earliest"))
     history = received(first, 10)
     partition, offset = split_position(history[3].properties.UserProperty)[1]
@@ -323,7 +392,7 @@ def test_fsync_rules_apply_per_topic(broker_factory, client_factory):
     delivered with their log positions."""
     broker = broker_factory('[log]\nfsync_rules = "bulk/#=interval"\n')
     sub = client_factory("rules-sub", 5)
-    sub.connect(broker.port)
+    sub.connect(broker.port, properties=asks_positions())
     sub.subscribe("#", qos=1)
     pub = client_factory("rules-pub", 5)
     pub.connect(broker.port)

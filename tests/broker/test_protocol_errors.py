@@ -3,9 +3,13 @@ CONNACK/DISCONNECT where 5.0 has one) and keeps serving an honest paho client.""
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 
-from meshmq.mqtt.codec import encode_packet, encode_utf8
+from meshmq.auth.passwords import hash_password, write_password_file
+from meshmq.mqtt.codec import decode_frames, encode_packet, encode_utf8
 from meshmq.mqtt.packets import (
     Auth,
     Connack,
@@ -109,7 +113,9 @@ def test_second_connect_is_protocol_error(broker, raw_factory, honest, version):
 
 
 @pytest.mark.parametrize(("name", "level", "code"), [
-    ("MQIsdp", 3, 0x01),  # 3.1 is not supported: 3.1.1 return code 1
+    ("MQTT", 3, 0x01),  # 3.1's level under the 3.1.1/5.0 name
+    ("MQIsdp", 4, 0x01),  # 3.1's name (test_mqtt31.py) with a later level
+    ("MQIsdp", 5, 0x01),
     ("MQTT", 6, 0x01),
 ])
 def test_unsupported_protocol_level_gets_connack_refusal(broker, raw_factory, honest, name,
@@ -345,3 +351,49 @@ def test_many_bad_clients_do_not_hurt_the_broker(broker, raw_factory, honest):
         raw.send_bytes(bytes([0x30 + (i % 16), 0x7F]) + b"\x00" * (i % 5))
         raw.close()
     still_works(honest, "burst")
+
+
+# ---------------------------------------------------------------------- closing (broker/linger.py)
+
+
+@pytest.mark.parametrize(("version", "code"), [(4, 4), (5, 0x86)])
+def test_refused_connect_is_read_by_a_client_still_sending(broker_factory, tmp_path, version,
+                                                          code):
+    """Bad credentials while the client pipelines a SUBSCRIBE and keeps publishing: it reads
+    the CONNACK refusal, then an orderly end of stream (FIN), not a reset: a reset would make
+    its sends fail and, on many stacks, discard the CONNACK before it is read."""
+    passwords = tmp_path / "passwords"
+    write_password_file(passwords, {"alice": hash_password("wonderland")})
+    broker = broker_factory(f'[auth]\npassword_file = "{passwords}"\n')
+    connect = encode_packet(Connect("mallory", version, username="alice", password=b"guess"),
+                            version)
+    subscribe = encode_packet(Subscribe(1, [("#", SubscriptionOptions(1))]), version)
+    publish = encode_packet(Publish("t/y", b"y" * 10_000), version)
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as sock:
+        sender = threading.Thread(target=send_ignoring_errors,
+                                  args=(sock, connect + subscribe + publish * 60))
+        sender.start()
+        received, ending = read_to_end(sock)
+        sender.join(timeout=10)
+    assert decode_frames(received, version) == [Connack(False, code)]
+    assert ending == "eof"
+
+
+def send_ignoring_errors(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass  # a reset: the test sees it on the reading side
+
+
+def read_to_end(sock: socket.socket) -> tuple[bytes, str]:
+    """Everything received, and how the stream ended: "eof" (FIN) or "reset"."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data, "reset"
+        if not chunk:
+            return data, "eof"
+        data += chunk

@@ -7,7 +7,7 @@ import time
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from conftest import props, split_position
+from conftest import asks_positions, props, split_position
 from meshmq.mqtt.packets import Disconnect, Pingreq, Pingresp, Publish, Will
 from meshmq.mqtt.properties import PropertyId
 
@@ -103,7 +103,7 @@ def test_retained_message_keeps_properties(broker, client_factory):
                                  UserProperty=[("k", "v")]))
     (msg,) = retained_on_subscribe(client_factory, broker.port, "ret/p")
     assert msg.properties.ContentType == "application/json"
-    assert split_position(msg.properties.UserProperty)[0] == [("k", "v")]
+    assert msg.properties.UserProperty == [("k", "v")]  # as published: no log position
 
 
 def test_retained_dollar_topics_not_matched_by_leading_wildcards(broker, client_factory):
@@ -152,6 +152,9 @@ def test_will_published_on_abnormal_close(broker, raw_factory, client_factory, v
     """Closing the network connection without DISCONNECT publishes the will (MQTT-3.1.2-8);
     5.0 will properties travel with it (spec 3.1.3.2)."""
     watch = watcher(client_factory, broker.port)
+    asking = client_factory("asking-watcher", 5)  # wants log positions (docs/replay.md)
+    asking.connect(broker.port, properties=asks_positions())
+    asking.subscribe("will/#", qos=1)
     will_props = {}
     if version == 5:
         will_props = {
@@ -166,10 +169,11 @@ def test_will_published_on_abnormal_close(broker, raw_factory, client_factory, v
     raw.close()
     msg = watch.expect()
     assert (msg.topic, msg.payload, msg.qos, msg.retain) == ("will/dying", b"gone", 1, False)
+    own, position = split_position(getattr(asking.expect().properties, "UserProperty", None))
+    assert position is not None  # a QoS 1 will is persisted like any publish
     if version == 5:
-        own, position = split_position(msg.properties.UserProperty)
         assert own == [("origin", "dead"), ("origin", "again")]
-        assert position is not None  # a QoS 1 will is persisted like any publish
+        assert msg.properties.UserProperty == own  # nothing added for a client that did not ask
         assert msg.properties.ContentType == "text/plain"
         assert msg.properties.PayloadFormatIndicator == 1
         assert msg.properties.ResponseTopic == "will/reply"

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
+from test_workers import LOG_OFF, LOG_ON, connect_on
 
 from conftest import WAIT, BrokerProcess, Client, props, wait_for
-from test_workers import LOG_OFF, LOG_ON, connect_on
 
 TRIALS = 40  # repetitions of a race that showed up in a few percent of the tries
 
@@ -96,7 +96,8 @@ def test_a_retained_message_reaches_a_new_subscriber_once(
         subscriber = subscribers[both[(trial + trial // 4) % 4]]
         go = threading.Event()
 
-        def publish(publisher: Client = publisher, topic: str = topic) -> None:
+        def publish(publisher: Client = publisher, topic: str = topic,
+                    go: threading.Event = go) -> None:
             go.wait()
             publisher.publish(topic, "value", qos=qos, retain=True, wait=False)
 

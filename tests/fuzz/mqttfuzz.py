@@ -318,13 +318,14 @@ class Driver:
             return
         outgoing = Publish(packet.topic, packet.payload, min(packet.qos, 1), False, False,
                            rng.randint(1, 65535) if packet.qos else None, {})
-        alias = conn.outgoing_alias(packet.topic) if conn.outgoing_alias_maximum else None
-        if alias is not None and conn.version == MQTT_5:
-            outgoing.properties[PropertyId.TOPIC_ALIAS] = alias[0]
-            if alias[1]:
+        aliases = conn.outgoing_aliases  # as broker/session.py uses it
+        alias = 0 if aliases is None else aliases.lookup(packet.topic)
+        if alias:
+            outgoing.properties[PropertyId.TOPIC_ALIAS] = abs(alias)
+            if alias > 0:
                 outgoing.topic = ""
-        if not conn.send(outgoing) and alias is not None and not alias[1]:
-            conn.forget_alias(packet.topic)
+        if not conn.send(outgoing) and alias < 0:
+            aliases.not_sent(-alias)  # type: ignore[union-attr]
 
 
 def _check_output(conn: ServerConnection, out: bytes, what: str) -> list[Packet]:

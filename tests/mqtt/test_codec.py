@@ -9,9 +9,12 @@ from hypothesis import strategies as st
 from meshmq.mqtt.codec import (
     decode_frames,
     decode_packet,
+    decode_properties,
     encode_packet,
+    encode_properties,
     encode_varint,
     parse_fixed_header,
+    with_topic_alias,
 )
 from meshmq.mqtt.errors import InsufficientData, MalformedPacket, RemoteProtocolError
 from meshmq.mqtt.packets import (
@@ -296,3 +299,18 @@ def test_multiple_user_properties_keep_order() -> None:
     assert decode_one(encode_packet(pub, 5), 5).properties[PropertyId.USER_PROPERTY] == [
         ("a", "1"), ("a", "2")
     ]
+
+
+@given(properties_for(PacketKind.PUBLISH).map(lambda p: {k: v for k, v in p.items()
+                                                          if k != PropertyId.TOPIC_ALIAS}),
+       st.integers(1, 65535), st.integers(0, 300))
+def test_with_topic_alias_adds_the_alias_to_an_encoded_block(props: dict, alias: int,
+                                                            padding: int) -> None:
+    """The send path's shortcut: the same as encoding the properties with the alias, for
+    blocks whose length takes one byte or more, before and after (``padding`` crosses 127)."""
+    if padding:
+        props = {**props, PropertyId.USER_PROPERTY: [("p", "x" * padding)]}
+    block = with_topic_alias(encode_properties(props), alias)
+    decoded, end = decode_properties(block, 0, len(block), PacketKind.PUBLISH)
+    assert end == len(block)
+    assert decoded == {**props, PropertyId.TOPIC_ALIAS: alias}

@@ -45,6 +45,7 @@ def test_demo_command_end_to_end(tmp_path: Path) -> None:
     page = workdir / "report" / "report.html"
     assert f"demo: the report is {page}" in out
     assert '<img src="report.png"' in page.read_text()
+    assert f"<tr><th>Alerts fired</th><td>{published.group(1)} (" in page.read_text()
     with Image.open(workdir / "report" / "report.png") as image:
         assert image.format == "PNG" and image.height > 1000
     assert not LOG_LINE.search(result.stderr), result.stderr[-3000:]  # quiet by default

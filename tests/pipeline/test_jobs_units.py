@@ -344,6 +344,12 @@ def test_meshmq_cli_does_not_import_pyspark() -> None:
      "error: {tmp}/missing.toml: cannot read rules"),
     (["report", "--output", "{tmp}/r"], "error: report: give --data-dir, --telemetry or both"),
     (["demo", "--port", "1883"], "error: demo: --port and --data-dir go together"),
+    (["demo", "--workdir", "{tmp}"],
+     "error: demo: {tmp} holds files the demo did not write (data, no .meshmq-demo)"),
+    (["report", "--data-dir", "{log}", "--output", "r", "--alerts-prefix", "a/b"],
+     "error: --alerts-prefix: expected one topic level without wildcards, got 'a/b'"),
+    (["report", "--data-dir", "{log}", "--output", "r", "--unit", "celsius"],
+     "error: --unit: expected FIELD=UNIT, got 'celsius'"),
     (["telemetry", "--data-dir", "{log}", "--output", "o", "--conf", "nonsense"],
      "error: --conf: expected KEY=VALUE, got 'nonsense'"),
 ])

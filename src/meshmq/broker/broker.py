@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from meshmq.auth.acl import AccessControl, ACLFileError
 from meshmq.broker.authn import Authenticator
 from meshmq.broker.keeper import StateKeeper
-from meshmq.broker.message import Message
+from meshmq.broker.message import Message, PositionsRequestError, wants_positions
 from meshmq.broker.persistence import Persistence
 from meshmq.broker.ratelimit import ConnectRateLimiter
 from meshmq.broker.replay import (
@@ -227,6 +227,10 @@ class Broker(WorkerSide):
         refusal = self._connect_refusal(packet, v5)
         if refusal is not None:
             return self._reject(client, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, refusal)
+        try:  # log positions on delivery only if this CONNECT asks (docs/replay.md)
+            client.log_positions = v5 and wants_positions(packet.properties)
+        except PositionsRequestError as error:
+            return self._reject(client, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, str(error))
         if not client_id:
             client_id = assigned = f"auto-{uuid.uuid4().hex}"  # MQTT-3.1.3-6
         keep_alive = packet.keep_alive

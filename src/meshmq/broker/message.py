@@ -1,9 +1,18 @@
 """An application message as the broker holds it: one object however many receivers.
 
-A ``Message`` is immutable once routed. Every delivery shares its payload; deliveries that need
-no per-receiver fields (QoS 0, no subscription identifier, no alias, no expiry countdown) also
-share one encoded frame per (protocol version, retain flag), built on first use. The 5.0
-property block is encoded once per message, and only if a 5.0 receiver (or the log) needs it.
+A ``Message`` is immutable once routed. ``properties`` are the 5.0 properties exactly as
+published, and stay so: user properties reach subscribers unaltered, in order (MQTT-3.3.2-17,
+-18), and the log, the state store and the mesh keep them as published. Where the commit log
+stored the message is ``position``, never mixed into ``properties``; only a receiver that asked
+for it (``meshmq-positions`` on its CONNECT, docs/replay.md) gets it, as two more user
+properties after the publisher's.
+
+Every delivery shares its payload; deliveries that need no per-receiver fields (QoS 0, no
+subscription identifier, no alias, no expiry countdown, no log position) also share one encoded
+frame per (protocol version, retain flag), built on first use; receivers that asked for log
+positions share another. The 5.0 property block is encoded once per message, only if a 5.0
+receiver (or the log) needs it; the block with the log position, once per message too, only if
+a receiver asked for positions.
 """
 
 from __future__ import annotations
@@ -13,11 +22,32 @@ from meshmq.mqtt.packets import MQTT_5, Will
 from meshmq.mqtt.properties import Properties, PropertyId
 
 _EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
+_USER = PropertyId.USER_PROPERTY
+_POSITIONED_KEYS = (32, 33)  # ``_frames`` keys of the positioned frames (retain 0, 1)
 
 # User properties that tell an MQTT 5 receiver where a persisted message sits in the commit log
-# (docs/replay.md): enough to resume from there later, on this broker or another.
+# (docs/replay.md): enough to resume from there later, on this broker or another. Sent only to
+# a client whose CONNECT carried the user property ``meshmq-positions`` = ``true``.
 PARTITION_PROPERTY = "meshmq-partition"
 OFFSET_PROPERTY = "meshmq-offset"
+POSITIONS_PROPERTY = "meshmq-positions"
+
+
+class PositionsRequestError(ValueError):
+    """A CONNECT's ``meshmq-positions`` user property is neither ``true`` nor ``false``."""
+
+
+def wants_positions(connect_properties: Properties) -> bool:
+    """Whether a CONNECT asked for log positions on delivery (the last ``meshmq-positions``
+    user property wins); ``PositionsRequestError`` for a value other than true/false."""
+    pairs = connect_properties.get(_USER) or ()
+    values = [value for name, value in pairs if name == POSITIONS_PROPERTY]  # type: ignore[misc]
+    if not values or values[-1] == "false":
+        return False
+    if values[-1] == "true":
+        return True
+    raise PositionsRequestError(
+        f"{POSITIONS_PROPERTY} must be 'true' or 'false', got {values[-1]!r}")
 
 
 class Message:
@@ -27,12 +57,12 @@ class Message:
         "_frame",
         "_frame_key",
         "_frames",
-        "_position_pending",
-        "_properties",
+        "_props_positioned",
         "_props_v5",
         "expires_at",
         "payload",
         "position",
+        "properties",
         "qos",
         "retain",
         "sender",
@@ -67,34 +97,21 @@ class Message:
             expiry = properties.get(_EXPIRY)
             if expiry is not None:
                 self.expires_at = now + expiry  # type: ignore[operator]
-        self._properties = properties
+        self.properties = properties  # as published: never changed
         self._frame = b""  # the first shared frame built, for ``_frame_key`` (-1: none yet)
         self._frame_key = -1
         self._frames: dict[int, bytes] | None = None  # any further variants
         self._props_v5: bytes | None = None
+        self._props_positioned: bytes | None = None
         self.position: tuple[int, int] | None = None  # (partition, offset) once in the log
-        self._position_pending = False  # position set, user properties not built yet
-
-    @property
-    def properties(self) -> Properties:
-        """The 5.0 properties as published, plus the log position once it is known."""
-        if self._position_pending:
-            self._position_pending = False
-            partition, offset = self.position  # type: ignore[misc]
-            props = self._properties
-            pairs = list(props.get(PropertyId.USER_PROPERTY, ()))  # type: ignore[arg-type]
-            pairs += [(PARTITION_PROPERTY, str(partition)), (OFFSET_PROPERTY, str(offset))]
-            self._properties = {**props, PropertyId.USER_PROPERTY: pairs}
-        return self._properties
 
     def set_position(self, partition: int, offset: int) -> None:
-        """Record where the log stored this message; 5.0 receivers see it as user properties
-        (built on first use: a 3.1.1-only fan-out never pays for them)."""
+        """Record where the log stored this message (before it is routed)."""
         self.position = (partition, offset)
-        self._position_pending = True
-        self._props_v5 = None
-        self._frame_key = -1
-        self._frames = None
+        self._props_positioned = None
+        if self._frames is not None:
+            for key in _POSITIONED_KEYS:
+                self._frames.pop(key, None)
 
     @classmethod
     def from_will(cls, will: Will, sender: str, now: float) -> Message:
@@ -111,9 +128,21 @@ class Message:
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
-    def properties_for(self, now: float, subscription_ids: list[int] | None) -> Properties:
-        """Properties for one delivery: remaining expiry (MQTT-3.3.2-6) and subscription ids."""
-        props = dict(self.properties)
+    def positioned_properties(self) -> Properties:
+        """The properties as published plus the log position user properties (for a client
+        that asked for them; the same as ``properties`` while the message has no position)."""
+        position = self.position
+        if position is None:
+            return self.properties
+        pairs = list(self.properties.get(_USER, ()))  # type: ignore[arg-type]
+        pairs += [(PARTITION_PROPERTY, str(position[0])), (OFFSET_PROPERTY, str(position[1]))]
+        return {**self.properties, _USER: pairs}
+
+    def properties_for(self, now: float, subscription_ids: list[int] | None,
+                       positioned: bool = False) -> Properties:
+        """Properties for one delivery: remaining expiry (MQTT-3.3.2-6), subscription ids, and
+        the log position if the receiver asked for it."""
+        props = dict(self.positioned_properties() if positioned else self.properties)
         if self.expires_at is not None:
             props[_EXPIRY] = max(0, int(self.expires_at - now + 0.999))
         if subscription_ids:
@@ -139,15 +168,25 @@ class Message:
                 frames[key] = frame
         return frame
 
+    def positioned_frame(self, retain: bool) -> bytes:
+        """The QoS 0 5.0 frame with the log position, shared by the plain receivers that asked
+        for positions (built on first use, kept with the other variants)."""
+        key = _POSITIONED_KEYS[retain]
+        frames = self._frames
+        frame = None if frames is None else frames.get(key)
+        if frame is None:
+            frame = encode_publish(self.topic_bytes, self.payload, 0, retain, False, None,
+                                   self.encoded_positioned_properties())
+            if frames is None:
+                self._frames = {key: frame}
+            else:
+                frames[key] = frame
+        return frame
+
     def wire_properties(self, now: float) -> bytes:
-        """The 5.0 property block to forward this message with: as published (without the
-        log position user properties, which travel separately), expiry counted down."""
-        props = self._properties
-        if self.position is not None and not self._position_pending:
-            pairs = props[PropertyId.USER_PROPERTY][:-2]  # type: ignore[index]
-            props = {k: v for k, v in props.items() if k != PropertyId.USER_PROPERTY}
-            if pairs:
-                props[PropertyId.USER_PROPERTY] = pairs
+        """The 5.0 property block to forward this message with: as published (the log
+        position travels separately), expiry counted down."""
+        props = self.properties
         if self.expires_at is not None:
             props = {**props, _EXPIRY: max(1, int(self.expires_at - now + 0.999))}
         return encode_properties(props) if props else b"\x00"
@@ -157,6 +196,13 @@ class Message:
         props = self._props_v5
         if props is None:
             props = self._props_v5 = encode_properties(self.properties)
+        return props
+
+    def encoded_positioned_properties(self) -> bytes:
+        """``positioned_properties()`` as a 5.0 property block (cached)."""
+        props = self._props_positioned
+        if props is None:
+            props = self._props_positioned = encode_properties(self.positioned_properties())
         return props
 
     def __repr__(self) -> str:

@@ -17,6 +17,10 @@ Flow control, both ways, without dropping anything that was acknowledged:
   packets of a read the broker gets now; the rest wait here while reading is paused (TCP
   backpressure), and a client that stays throttled for ``limits.throttle_timeout`` seconds is
   disconnected (5.0: DISCONNECT 0x96 Message rate too high).
+
+Closing: ``close()`` writes what is pending and closes gracefully (``linger.py``), so that a
+client still sending reads our last CONNACK or DISCONNECT instead of a reset; the broker is told
+at once (next loop turn) that the connection is over, not when the socket finally closes.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from meshmq.broker.certauth import certify
+from meshmq.broker.linger import close_gracefully
 from meshmq.broker.ratelimit import ClientThrottle
 from meshmq.mqtt.connection import ServerConnection
 from meshmq.mqtt.packets import Packet, PacketType
@@ -64,7 +69,8 @@ class ClientProtocol(asyncio.Protocol):
         self.client_id = ""
         self.peer = "?"
         self.rejected = False
-        self.gone = False  # the socket is closed; late callbacks must leave this client alone
+        self.closing = False  # close() was called: nothing more is written or read
+        self.gone = False  # the connection is over; late callbacks must leave this client alone
         self.held: list[Packet] | None = None  # packets waiting for CONNECT authentication
         self.throttle: ClientThrottle | None = None  # inbound rate limits, from CONNACK on
         self._write_paused = False
@@ -73,6 +79,7 @@ class ClientProtocol(asyncio.Protocol):
         self._resume_handle: asyncio.TimerHandle | None = None
         self.identity: str | None = None  # user name the transport proved (mTLS certificate CN)
         self.close_reason = ""  # why the connection ends, for the "client disconnected" line
+        self.log_positions = False  # CONNECT asked for log positions on delivery (replay.md)
         self._dirty = False
         self._keep_alive = 0.0
         self._last_read = 0.0
@@ -93,6 +100,8 @@ class ClientProtocol(asyncio.Protocol):
         self._timer = loop.call_later(deadline, self._connect_timeout)
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
         conn = self.conn
         self._last_read = now = self.broker.loop.time()
         conn.receive_data(data)
@@ -119,6 +128,15 @@ class ClientProtocol(asyncio.Protocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.close_reason and exc is not None:
+            self.close_reason = f"connection error: {exc}"
+        self._end()
+
+    def _end(self) -> None:
+        """The connection is over (the socket closed, or ``close()`` began): stop the timers
+        and tell the broker, once."""
+        if self.gone:
+            return
         self.gone = True
         self._waiting = []
         if self._resume_handle is not None:
@@ -129,7 +147,7 @@ class ClientProtocol(asyncio.Protocol):
             self._timer = None
         self.conn.receive_eof()
         if not self.close_reason:
-            self.close_reason = f"connection error: {exc}" if exc is not None else "socket closed"
+            self.close_reason = "socket closed"
         self.broker.connection_lost(self)
 
     def pause_writing(self) -> None:
@@ -183,6 +201,9 @@ class ClientProtocol(asyncio.Protocol):
         self._dirty = False
         was_full = self.conn.pending_output >= WRITE_HIGH_WATER
         self._write_out()
+        if self.conn.local_close is not None:
+            self.close()  # e.g. a SUBACK refusal a 3.1 client cannot be told
+            return
         if was_full and not self._write_paused and self.session is not None \
                 and self.session.client is self:
             self.session.pump(self.broker.loop.time())  # congested by this turn's output only
@@ -192,7 +213,7 @@ class ClientProtocol(asyncio.Protocol):
         in the middle of a delivery)."""
         data = self.conn.data_to_send()
         transport = self.transport
-        if data and transport is not None and not transport.is_closing():
+        if data and transport is not None and not self.closing and not transport.is_closing():
             transport.write(data)
             buffered = transport.get_write_buffer_size()
             if buffered > WRITE_HARD_LIMIT and "backlog" not in self._read_pauses:
@@ -202,10 +223,19 @@ class ClientProtocol(asyncio.Protocol):
                 self._pause_reading("backlog")
 
     def close(self) -> None:
-        """Write what is pending, then close the socket."""
-        self.flush()
+        """Write what is pending, then close gracefully: the client can read it even while
+        it is still sending (``linger.py``); the broker hears of the end on the next turn."""
+        if self.closing:
+            return
+        self._write_out()
+        self.closing = True
+        why = self.conn.local_close
+        if why is not None:
+            log.info("closing the connection client_id=%s peer=%s why=%r",
+                     self.client_id or "-", self.peer, why)
         if self.transport is not None:
-            self.transport.close()
+            close_gracefully(self.transport)
+        self.broker.loop.call_soon(self._end)
 
     # ------------------------------------------------------------------ timers
 
@@ -354,6 +384,8 @@ class ClientProtocol(asyncio.Protocol):
 
     def _pause_reading(self, reason: str) -> None:
         transport = self.transport
+        if self.closing:
+            return  # the socket lingers (linger.py): it must keep reading to drop the input
         if not self._read_pauses and transport is not None and not transport.is_closing():
             transport.pause_reading()
         self._read_pauses.add(reason)
@@ -363,7 +395,8 @@ class ClientProtocol(asyncio.Protocol):
             return
         self._read_pauses.discard(reason)
         transport = self.transport
-        if self._read_pauses or self.held is not None or self.gone or transport is None:
+        if self._read_pauses or self.held is not None or self.gone or self.closing \
+                or transport is None:
             return
         if not transport.is_closing():
             transport.resume_reading()

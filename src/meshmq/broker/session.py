@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 from meshmq.broker.catchup import CatchUp
 from meshmq.broker.message import Message
 from meshmq.broker.retainwindow import RetainedWindow
-from meshmq.mqtt.codec import encode_properties, encode_publish
+from meshmq.mqtt.codec import encode_properties, encode_publish, with_topic_alias
 from meshmq.mqtt.packets import MQTT_5, SubscriptionOptions, Will
 from meshmq.mqtt.properties import PropertyId
 from meshmq.mqtt.reason_codes import ReasonCode
@@ -60,6 +60,7 @@ class ClientLink(Protocol):
     """What a session needs from the I/O layer of the connection it is attached to."""
 
     conn: ServerConnection
+    log_positions: bool  # the client asked for log positions on delivery (docs/replay.md)
 
     @property
     def congested(self) -> bool: ...
@@ -177,7 +178,8 @@ class Session:
             client = self.client
             if client is not None:  # the plain QoS 0 delivery, inlined (the fan-out hot path)
                 conn = client.conn
-                if not conn.outgoing_alias_maximum and not client.congested:
+                if conn.outgoing_aliases is None and not client.congested and (
+                        message.position is None or not client.log_positions):
                     conn.send_frame(message.shared_frame(conn.version, retain))
                     client.wake()
                     return
@@ -229,29 +231,45 @@ class Session:
         subscription_ids: list[int] | None, packet_id: int | None, dup: bool, now: float,
     ) -> bool:
         conn = client.conn
-        version = conn.version
-        alias = conn.outgoing_alias(message.topic) if conn.outgoing_alias_maximum else None
-        if not qos and not subscription_ids and message.expires_at is None and alias is None:
-            frame = message.shared_frame(version, retain)
+        aliases = conn.outgoing_aliases  # None unless a 5.0 client allows aliases
+        alias = 0 if aliases is None else aliases.lookup(message.topic)
+        positioned = client.log_positions and message.position is not None
+        if not qos and not subscription_ids and message.expires_at is None and not alias:
+            frame = (message.positioned_frame(retain) if positioned
+                     else message.shared_frame(conn.version, retain))
         else:
-            props = None
-            topic = message.topic_bytes
-            if version == MQTT_5:
-                if subscription_ids or message.expires_at is not None or alias is not None:
-                    extra = message.properties_for(now, subscription_ids)
-                    if alias is not None:
-                        extra[PropertyId.TOPIC_ALIAS] = alias[0]
-                        if alias[1]:
-                            topic = b""
-                    props = encode_properties(extra)
-                else:
-                    props = message.encoded_properties()
-            frame = encode_publish(topic, message.payload, qos, retain, dup, packet_id, props)
+            frame = self._encode(message, qos, retain, subscription_ids, packet_id, dup, now,
+                                 conn.version, alias, positioned)
         sent = conn.send_frame(frame)
-        if not sent and alias is not None and not alias[1]:
-            conn.forget_alias(message.topic)  # the client never saw this alias defined
+        if not sent and alias < 0:
+            aliases.not_sent(-alias)  # type: ignore[union-attr]  # the client never saw it
         client.wake()
         return sent
+
+    @staticmethod
+    def _encode(
+        message: Message, qos: int, retain: bool, subscription_ids: list[int] | None,
+        packet_id: int | None, dup: bool, now: float, version: int, alias: int,
+        positioned: bool,
+    ) -> bytes:
+        """The PUBLISH frame of one delivery. ``alias``: > 0 known to the client (empty
+        topic), < 0 sent with the topic to define it, 0 none (``OutgoingAliases.lookup``);
+        ``positioned``: with the log position user properties (docs/replay.md)."""
+        if version != MQTT_5:
+            return encode_publish(message.topic_bytes, message.payload, qos, retain, dup,
+                                  packet_id, None)
+        if subscription_ids or message.expires_at is not None:
+            props = message.properties_for(now, subscription_ids, positioned)
+            if alias:
+                props[PropertyId.TOPIC_ALIAS] = abs(alias)
+            block = encode_properties(props)
+        else:
+            block = (message.encoded_positioned_properties() if positioned
+                     else message.encoded_properties())
+            if alias:
+                block = with_topic_alias(block, abs(alias))
+        topic = b"" if alias > 0 else message.topic_bytes  # spec 3.3.2.3.4
+        return encode_publish(topic, message.payload, qos, retain, dup, packet_id, block)
 
     def _allocate_packet_id(self) -> int:
         packet_id = self._next_packet_id

@@ -16,6 +16,11 @@ rather than with ``loop.start_tls`` gives three things the broker needs:
 * the SSLContext is picked when the connection is accepted, so a SIGHUP reload changes only
   later handshakes, and nothing needs a task or depends on when reading can be paused.
 
+Closing (``close()``, e.g. after a DISCONNECT with a reason code) sends close_notify after the
+last record, then the socket lingers (``linger.py``): FIN, the peer's further records are read
+and dropped, within ``LINGER_SECONDS`` / ``LINGER_BYTES``, so the peer can still decrypt our
+last packet while it is sending.
+
 The layer above is created once the handshake is done, with the verified client certificate's
 CN when ``tls.cert_username`` is on. Reading follows the layer above: while it has paused
 reading (authentication in progress, rate limits), decrypted data stays in the ``SSLObject``
@@ -32,6 +37,7 @@ from typing import Any
 
 from meshmq.broker.admission import Ticket
 from meshmq.broker.layer import StackedLayer
+from meshmq.broker.linger import close_gracefully
 from meshmq.broker.tls import client_username, describe_handshake_error
 
 log = logging.getLogger("meshmq.tls")
@@ -189,7 +195,8 @@ class TLSLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
         self.write(b"".join(list_of_data))
 
     def close(self) -> None:
-        """Send close_notify after what was written, then close the socket."""
+        """Send close_notify after what was written, then close the socket gracefully
+        (``linger.py``: FIN after our last record, the peer's further records dropped)."""
         if self._closing:
             return
         self._closing = True
@@ -199,7 +206,7 @@ class TLSLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
             pass  # SSLWantReadError: we do not wait for the peer's close_notify
         self._flush()
         if self.below is not None:
-            self.below.close()
+            close_gracefully(self.below)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "ssl_object":

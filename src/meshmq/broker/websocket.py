@@ -15,6 +15,11 @@ bytes it reads to ``websockets.server.ServerProtocol`` and acts on its events:
 * a text frame closes the connection with 1003 (MQTT-6.0.0-1); pings are answered by the
   library; a close frame is echoed and the socket closed.
 
+When the MQTT side closes (e.g. after a DISCONNECT with a reason code), a close frame 1000
+follows its last bytes and the connection below closes gracefully (``linger.py``): the server
+closes TCP first, as RFC 6455 section 7.1.1 advises, but only after a FIN, while it still reads
+(and drops) the client's close frame and whatever it was sending, within the linger bounds.
+
 What the MQTT side writes goes out as one binary frame per ``write()`` (``ClientProtocol``
 writes once per batch). Flow control is the socket's: pause/resume reading and the write-buffer
 watermarks pass straight through, so a slow WebSocket subscriber is paused like a TCP one.
@@ -35,6 +40,7 @@ from websockets.typing import Subprotocol
 
 from meshmq.broker.admission import Ticket
 from meshmq.broker.layer import StackedLayer
+from meshmq.broker.linger import close_gracefully
 
 log = logging.getLogger("meshmq.websocket")
 # The library logs "connection open/closed" at info and every frame at debug: keep it quiet.
@@ -155,7 +161,7 @@ class WebSocketLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
             else:
                 eof = True  # the library is done with this connection
         if eof or (self._closing and not below.is_closing()):
-            below.close()
+            close_gracefully(below)
 
     # ------------------------------------------------------------------ the MQTT side above
 
@@ -169,7 +175,10 @@ class WebSocketLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
         self.write(b"".join(list_of_data))
 
     def close(self) -> None:
-        """Close frame 1000 after what was written, then close the socket."""
+        """Close frame 1000 after what was written, then close the connection below
+        gracefully (``linger.py``): the peer reads both, its close frame and anything else it
+        still sends are dropped, and the TCP (or TLS) connection ends at the peer's EOF or the
+        linger bound, whichever comes first."""
         if self._closing:
             return
         self._closing = True

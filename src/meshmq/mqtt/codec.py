@@ -31,6 +31,7 @@ from meshmq.mqtt.errors import (
 )
 from meshmq.mqtt.packets import (
     MQTT_5,
+    MQTT_31,
     MQTT_311,
     Auth,
     Connack,
@@ -84,6 +85,7 @@ _PUBACK_CODES = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99}
 _PUBREL_CODES = frozenset({0x00, 0x92})
 _SUBACK_CODES = frozenset({0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2})
 _SUBACK_CODES_311 = frozenset({0x00, 0x01, 0x02, 0x80})
+_SUBACK_CODES_31 = frozenset({0x00, 0x01, 0x02})  # 3.1 grants a QoS; it cannot refuse
 _UNSUBACK_CODES = frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91})
 _DISCONNECT_CODES = frozenset(
     {0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93, 0x94,
@@ -233,6 +235,25 @@ _DECODE_SCALAR = {
 }
 
 
+# Reason code for a property value out of its range, where the spec names one other than 0x82:
+# Topic Alias 0 is 0x94 Topic Alias invalid (MQTT-3.3.2-8, spec 3.3.2.3.4 and 4.13.1).
+_OUT_OF_BOUNDS = {PropertyId.TOPIC_ALIAS: ReasonCode.TOPIC_ALIAS_INVALID}
+
+
+def with_topic_alias(block: bytes, alias: int) -> bytes:
+    """The encoded property block ``block`` (length prefix included) with a Topic Alias
+    property in front: an outgoing PUBLISH's block without decoding and re-encoding it."""
+    length = block[0]
+    if length < 125:  # one length byte before and after: the usual block (often empty)
+        return bytes((length + 3, _TOPIC_ALIAS, alias >> 8, alias & 0xFF)) + block[1:]
+    length, pos = decode_varint(block, 0, len(block))
+    return b"".join((encode_varint(length + 3), bytes((_TOPIC_ALIAS,)), _pack_u16(alias),
+                     block[pos:]))
+
+
+_TOPIC_ALIAS = int(PropertyId.TOPIC_ALIAS)
+
+
 def decode_properties(
     data: bytes, pos: int, end: int, kind: PacketKind
 ) -> tuple[Properties, int]:
@@ -259,7 +280,8 @@ def decode_properties(
             continue
         value, pos = _DECODE_SCALAR[wire](data, pos, stop)
         if bounds is not None and not bounds[0] <= value <= bounds[1]:  # type: ignore[operator]
-            raise RemoteProtocolError(f"property 0x{pid:02X} has invalid value {value!r}")
+            raise RemoteProtocolError(f"property 0x{pid:02X} has invalid value {value!r}",
+                                      _OUT_OF_BOUNDS.get(pid, ReasonCode.PROTOCOL_ERROR))
         if pid in REPEATABLE:
             props.setdefault(pid, []).append(value)  # type: ignore[union-attr]
         elif pid in props:
@@ -344,17 +366,21 @@ def _expect_end(pos: int, end: int, what: str) -> None:
         raise MalformedPacket(f"{what} has {end - pos} unexpected trailing bytes")
 
 
+# The protocols spoken: (name, level). MQTT 3.1 is IBM's V3.1 ("MQIsdp", level 3), still sent by
+# older devices; 3.1.1 (OASIS) and 5.0 call themselves "MQTT".
+PROTOCOLS = frozenset({("MQIsdp", MQTT_31), ("MQTT", MQTT_311), ("MQTT", MQTT_5)})
+
+
 def decode_connect(data: bytes, pos: int, end: int) -> Connect:
     name, pos = decode_utf8(data, pos, end)
     level, pos = _decode_byte(data, pos, end)
     if name not in ("MQTT", "MQIsdp"):
         raise MalformedPacket(f"unknown protocol name {name!r}")  # MQTT-3.1.2-1
-    if level not in (MQTT_311, MQTT_5):
-        raise RemoteProtocolError(
-            f"unsupported protocol level {level}", ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
+    if (name, level) not in PROTOCOLS:
+        raise RemoteProtocolError(  # MQTT-3.1.2-2: CONNACK 0x84 (3.x: 0x01), then close
+            f"unsupported protocol level {level} for {name!r}",
+            ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
         )
-    if name != "MQTT":
-        raise MalformedPacket(f"protocol name {name!r} does not match level {level}")
     flags, pos = _decode_byte(data, pos, end)
     if flags & 0x01:
         raise MalformedPacket("CONNECT reserved flag is set")  # MQTT-3.1.2-3
@@ -367,7 +393,7 @@ def decode_connect(data: bytes, pos: int, end: int) -> Connect:
         raise MalformedPacket("will QoS or retain set without will flag")  # MQTT-3.1.2-11,13
     has_password = bool(flags & 0x40)
     has_username = bool(flags & 0x80)
-    if level == MQTT_311 and has_password and not has_username:
+    if level != MQTT_5 and has_password and not has_username:
         raise MalformedPacket("password flag set without user name flag")  # MQTT-3.1.2-22
     keep_alive, pos = decode_u16(data, pos, end)
     props: Properties = {}
@@ -472,7 +498,7 @@ def _decode_subscription_options(options: int, version: int) -> SubscriptionOpti
     qos = options & 0x03
     if qos == 3:
         raise MalformedPacket("subscription requests QoS 3")
-    if version == MQTT_311:
+    if version != MQTT_5:
         if options & 0xFC:
             raise MalformedPacket("reserved subscription option bits are set")  # MQTT-3-8.3-4
         return SubscriptionOptions(qos)
@@ -487,7 +513,7 @@ def _decode_subscription_options(options: int, version: int) -> SubscriptionOpti
 def decode_suback(data: bytes, pos: int, end: int, version: int) -> Suback:
     packet_id, pos = _need_packet_id(data, pos, end)
     props: Properties = {}
-    allowed = _SUBACK_CODES_311
+    allowed = _SUBACK_CODES_31 if version == MQTT_31 else _SUBACK_CODES_311
     if version == MQTT_5:
         props, pos = decode_properties(data, pos, end, PacketKind.SUBACK)
         allowed = _SUBACK_CODES
@@ -513,7 +539,7 @@ def decode_unsubscribe(data: bytes, pos: int, end: int, version: int) -> Unsubsc
 
 def decode_unsuback(data: bytes, pos: int, end: int, version: int) -> Unsuback:
     packet_id, pos = _need_packet_id(data, pos, end)
-    if version == MQTT_311:
+    if version != MQTT_5:
         _expect_end(pos, end, "UNSUBACK")
         return Unsuback(packet_id)
     props, pos = decode_properties(data, pos, end, PacketKind.UNSUBACK)
@@ -539,7 +565,7 @@ def _decode_reason_and_props(
 
 
 def decode_disconnect(data: bytes, pos: int, end: int, version: int) -> Disconnect:
-    if version == MQTT_311:
+    if version != MQTT_5:
         _expect_end(pos, end, "DISCONNECT")
         return Disconnect()
     return Disconnect(
@@ -549,7 +575,7 @@ def decode_disconnect(data: bytes, pos: int, end: int, version: int) -> Disconne
 
 def decode_auth(data: bytes, pos: int, end: int, version: int) -> Auth:
     if version != MQTT_5:
-        raise MalformedPacket("AUTH is not a 3.1.1 packet")
+        raise MalformedPacket("AUTH is not a 3.1/3.1.1 packet")
     return Auth(*_decode_reason_and_props(data, pos, end, PacketKind.AUTH, _AUTH_CODES))
 
 
@@ -567,6 +593,9 @@ _REQUIRED_FLAGS = {
 }
 
 
+_DUP_ALLOWED_31 = frozenset({PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE})
+
+
 def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> Packet:
     """Decode the frame body ``data[pos:end]`` whose first header byte is ``first``.
 
@@ -581,7 +610,9 @@ def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> 
         required = _REQUIRED_FLAGS.get(ptype)  # type: ignore[call-overload]
         if required is None:
             raise MalformedPacket(f"reserved packet type {ptype}")
-        if flags != required:
+        if flags != required and not (
+            version == MQTT_31 and flags == 0x0A and ptype in _DUP_ALLOWED_31
+        ):  # MQTT 3.1 (section 2.1) sets DUP on a resent PUBREL, SUBSCRIBE or UNSUBSCRIBE
             raise MalformedPacket(f"invalid fixed header flags for packet type {ptype}")
         return _DECODERS[ptype](data, pos, end, version)
     except RemoteProtocolError:

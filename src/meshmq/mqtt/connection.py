@@ -15,12 +15,19 @@ This object enforces every rule that needs only the bytes and this connection's 
 packet is CONNECT (MQTT-3.1.0-1) and only once (MQTT-3.1.0-2), our maximum packet size (checked
 from the fixed header, before the body is buffered), inbound topic aliases, topic names, the
 receive maximum we granted, QoS/retain availability, server-only packet types, the session
-expiry rule of DISCONNECT. A violation never raises out of ``receive_data()``: it is stored in
-``error``, the right CONNACK or DISCONNECT is queued (5.0; 3.1.1 just closes), the state becomes
-CLOSED and later input is discarded. The I/O layer closes the socket once it has written
-``data_to_send()`` and sees ``closed``. A CONNECT refused that way (an error in the same bytes,
-before CONNACK) is withdrawn from the events: the broker never acts on it, and a late
+expiry rule of DISCONNECT, and the rules of MQTT 3.1 (protocol name "MQIsdp", level 3: a client
+id of 1 to 23 characters, no session present flag, a SUBACK that cannot refuse; otherwise it is
+3.1.1). A violation never raises out of ``receive_data()``: it is stored in ``error``, the right
+CONNACK or DISCONNECT is queued (5.0; 3.1/3.1.1 get a CONNACK only for return codes 1 and 2 and
+are otherwise just closed), the state becomes CLOSED and later input is discarded. The I/O layer
+closes the socket once it has written ``data_to_send()`` and sees ``closed`` (``local_close``
+says why when the peer did nothing wrong). A CONNECT refused that way (an error in the same
+bytes, before CONNACK) is withdrawn from the events: the broker never acts on it, and a late
 ``send_connack()`` on a CLOSED connection does nothing.
+
+Outgoing topic aliases: the broker sets ``outgoing_alias_maximum`` before CONNACK; CONNACK
+lowers it to the client's Topic Alias Maximum and, if that leaves any, makes
+``outgoing_aliases`` (``aliases.py``) for the send path to use.
 
 With ``max_events`` set, one ``receive_data()`` call parses at most that many packets and keeps
 the rest; ``input_pending`` then asks the I/O layer to call ``receive_data(b"")`` again, e.g.
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from meshmq.mqtt.aliases import OutgoingAliases
 from meshmq.mqtt.codec import (
     CONNACK_REASON_CODES,
     DISCONNECT_REASON_CODES,
@@ -43,6 +51,7 @@ from meshmq.mqtt.codec import decode_packet as _decode_packet
 from meshmq.mqtt.errors import InsufficientData, LocalProtocolError, RemoteProtocolError
 from meshmq.mqtt.packets import (
     MQTT_5,
+    MQTT_31,
     MQTT_311,
     Connack,
     Connect,
@@ -88,6 +97,11 @@ _AUTH = PacketType.AUTH
 _PINGRESP = b"\xd0\x00"
 TOPIC_CACHE_SIZE = 64  # validated topic names remembered per connection (see _fast_publish)
 _PROBLEM_PROPS = (PropertyId.REASON_STRING, PropertyId.USER_PROPERTY)
+MAX_CLIENT_ID_31 = 23  # characters, MQTT 3.1 section 3.1
+# CONNECT refusals a 3.1/3.1.1 client is told with a CONNACK return code (MQTT-3.1.2-2 and the
+# 3.1 client id rule); any other error before CONNACK just closes (MQTT-3.1.4-1).
+_CONNACK_311_REFUSALS = frozenset(
+    {ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID})
 UNLIMITED = 268_435_460
 
 
@@ -96,7 +110,6 @@ class ServerConnection:
 
     __slots__ = (
         "_aliases_in",
-        "_aliases_out",
         "_buffer",
         "_events",
         "_more",
@@ -110,12 +123,14 @@ class ServerConnection:
         "client_topic_alias_maximum",
         "connect",
         "error",
+        "local_close",
         "max_events",
         "max_packet_size",
         "max_qos",
         "max_topic_bytes",
         "max_topic_levels",
         "outgoing_alias_maximum",
+        "outgoing_aliases",
         "pending_output",
         "problem_information",
         "receive_maximum",
@@ -149,10 +164,14 @@ class ServerConnection:
         self.max_events = max_events  # packets parsed per receive_data() call; 0 = all
         self.connect: Connect | None = None
         self.error: RemoteProtocolError | None = None
+        self.local_close: str | None = None  # why we closed, when the peer did nothing wrong
         self.client_max_packet_size = UNLIMITED
         self.client_receive_maximum = 65535
         self.client_topic_alias_maximum = 0
+        # Set by the broker before CONNACK (``mqtt.broker_topic_aliases``); CONNACK lowers it
+        # to the client's Topic Alias Maximum and makes ``outgoing_aliases`` if it is not 0.
         self.outgoing_alias_maximum = 0
+        self.outgoing_aliases: OutgoingAliases | None = None
         self.problem_information = True
         self._buffer: list[bytes] = []
         self._need = 0
@@ -164,7 +183,6 @@ class ServerConnection:
         self.pending_output = 0
         self._topics: dict[bytes, str] = {}  # raw topic -> topic name that passed every check
         self._aliases_in: dict[int, str] = {}
-        self._aliases_out: dict[str, int] = {}
         self._qos1_in = 0
         self._qos2_in: set[int] = set()
 
@@ -341,6 +359,11 @@ class ServerConnection:
         self.version = packet.protocol_level
         self.connect = packet
         self.state = CONNECTING
+        if self.version == MQTT_31 and not 1 <= len(packet.client_id) <= MAX_CLIENT_ID_31:
+            # MQTT 3.1, section 3.1: a client id of 1 to 23 characters, else return code 2
+            raise RemoteProtocolError(
+                f"MQTT 3.1 client identifier must be 1 to {MAX_CLIENT_ID_31} characters,"
+                f" got {len(packet.client_id)}", ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
         props = packet.properties
         if props:
             self.client_receive_maximum = props.get(PropertyId.RECEIVE_MAXIMUM, 65535)  # type: ignore[assignment]
@@ -441,7 +464,7 @@ class ServerConnection:
                 if code not in CONNACK_REASON_CODES:  # e.g. 0x94 from a PUBLISH sent early
                     code = ReasonCode.PROTOCOL_ERROR
                 self._out.append(encode_packet(Connack(False, code), MQTT_5))
-            elif code in (ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,):
+            elif code in _CONNACK_311_REFUSALS:  # 3.1/3.1.1: other errors just close
                 self._out.append(encode_packet(Connack(False, connack_code_311(code)), MQTT_311))
         elif self.version == MQTT_5:
             if code not in DISCONNECT_REASON_CODES:  # e.g. 0x84 from a second CONNECT
@@ -499,16 +522,19 @@ class ServerConnection:
         if self.version == MQTT_5:
             packet = Connack(session_present and reason_code == 0, reason_code, properties or {})
             self._out.append(encode_packet(packet, MQTT_5))
-        else:
+        else:  # 3.1 has no session present flag: that byte is reserved
             code = connack_code_311(reason_code)
-            self._out.append(encode_packet(Connack(session_present and code == 0, code), MQTT_311))
+            present = session_present and code == 0 and self.version == MQTT_311
+            self._out.append(encode_packet(Connack(present, code), MQTT_311))
         if reason_code >= 0x80:
             self.state = CLOSED
         else:
             self.state = CONNECTED
-            self.outgoing_alias_maximum = min(
-                self.outgoing_alias_maximum, self.client_topic_alias_maximum
-            )
+            # MQTT-3.1.2-26, -27: never above the client's maximum, none if it sent 0
+            maximum = min(self.outgoing_alias_maximum, self.client_topic_alias_maximum)
+            self.outgoing_alias_maximum = maximum
+            if maximum:
+                self.outgoing_aliases = OutgoingAliases(maximum)
 
     def send_puback(self, packet_id: int, reason_code: int = 0) -> None:
         """Acknowledge an incoming QoS 1 PUBLISH (frees one receive-maximum slot)."""
@@ -533,8 +559,18 @@ class ServerConnection:
         self.send(Pubrel(packet_id, reason_code))
 
     def send_suback(self, packet_id: int, reason_codes: list[int]) -> None:
+        """Answer a SUBSCRIBE. A 3.1 client cannot be told a filter was refused: then the
+        connection closes instead (``local_close`` says why; the I/O layer logs it)."""
         if self.version == MQTT_311:  # 3.1.1 knows only 0, 1, 2 and 0x80
             reason_codes = [code if code < 0x80 else 0x80 for code in reason_codes]
+        elif self.version == MQTT_31 and self.state is CONNECTED:
+            refused = [code for code in reason_codes if code >= 0x80]
+            if refused:  # 3.1's SUBACK only grants a QoS: never pretend a refusal was granted
+                self.local_close = (
+                    f"MQTT 3.1 SUBACK cannot refuse a subscription (reason 0x{refused[0]:02X}):"
+                    " closing the connection instead")
+                self.state = CLOSED
+                return
         self.send(Suback(packet_id, reason_codes))
 
     def send_unsuback(self, packet_id: int, reason_codes: list[int]) -> None:
@@ -546,32 +582,13 @@ class ServerConnection:
             self._out.append(encode_packet(Disconnect(reason_code, properties or {}), MQTT_5))
         self.state = CLOSED
 
-    def outgoing_alias(self, topic: str) -> tuple[int, bool] | None:
-        """Topic alias to use for an outgoing PUBLISH on ``topic``: (alias, already sent).
-
-        None when aliases are off or all are taken (then send the full topic).
-        """
-        alias = self._aliases_out.get(topic)
-        if alias is not None:
-            return alias, True
-        if len(self._aliases_out) >= self.outgoing_alias_maximum:
-            return None
-        alias = len(self._aliases_out) + 1
-        self._aliases_out[topic] = alias
-        return alias, False
-
-    def forget_alias(self, topic: str) -> None:
-        """Undo an alias just assigned by ``outgoing_alias`` whose PUBLISH was not sent."""
-        alias = self._aliases_out.get(topic)
-        if alias == len(self._aliases_out):
-            del self._aliases_out[topic]
-
     def statistics(self) -> dict[str, int]:
         return {
             "state": self.state.value,
             "qos1_in": self._qos1_in,
             "qos2_in": len(self._qos2_in),
             "aliases_in": len(self._aliases_in),
-            "aliases_out": len(self._aliases_out),
+            "aliases_out": 0 if self.outgoing_aliases is None
+            else self.outgoing_aliases.statistics()["aliases"],
             "pending_output": self.pending_output,
         }

@@ -12,6 +12,7 @@ from enum import IntEnum
 
 from meshmq.mqtt.properties import Properties
 
+MQTT_31 = 3  # protocol name "MQIsdp" (IBM's MQTT V3.1 specification)
 MQTT_311 = 4
 MQTT_5 = 5
 

@@ -101,6 +101,17 @@ def add_job_commands(parser: argparse.ArgumentParser, master: str | None) -> Non
     report.add_argument("--output", required=True, metavar="DIR",
                         help="writes DIR/report.png and DIR/report.html")
     report.add_argument("--title", default="meshmq report")
+    report.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="meshmq source option for the log read, e.g. "
+                        "startingTimestamp=2024-05-01T00:00:00Z (repeatable)")
+    report.add_argument("--rules", metavar="FILE",
+                        help="the alerts job's rules: thresholds drawn even if nothing fired")
+    report.add_argument("--unit", action="append", default=[], metavar="FIELD=UNIT",
+                        help="unit of a telemetry field for axes and tables, e.g. temp=°C "
+                        "(repeatable)")
+    report.add_argument("--alerts-prefix", default="alerts", metavar="LEVEL",
+                        help="the alerts job's --topic-prefix: alerts are read from LEVEL/# "
+                        "(alerts)")
 
     demo = _job(jobs, "demo", _demo, master,
                 "simulated devices publish; telemetry, alerts and report run; prints the report")
@@ -115,6 +126,8 @@ def add_job_commands(parser: argparse.ArgumentParser, master: str | None) -> Non
                       help="readings per device (60)")
     demo.add_argument("--interval", type=_positive, default=15, metavar="SECONDS",
                       help="event time between readings (15)")
+    demo.add_argument("--publish-over", type=_non_negative, default=10.0, metavar="SECONDS",
+                      help="wall-clock time the devices take to publish (10; 0: at once)")
 
 
 def _job(jobs: Any, name: str, run: Callable[..., int], master: str | None,
@@ -152,6 +165,16 @@ def _broker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-p", "--port", type=int, default=1883, help="broker port (1883)")
     parser.add_argument("-u", "--username")
     parser.add_argument("-P", "--password")
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 3600, got {text!r}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -298,13 +321,21 @@ def _alerts(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from meshmq.pipeline.jobs import report
+    from meshmq.pipeline.jobs.rules import load_rules
 
+    if args.data_dir is None and args.telemetry is None:
+        raise JobError("report: give --data-dir, --telemetry or both")
+    prefix = args.alerts_prefix
+    if not prefix or any(c in prefix for c in "/+#\x00"):
+        raise JobError(f"--alerts-prefix: expected one topic level without wildcards, "
+                       f"got {prefix!r}")
     options = report.ReportOptions(
         output=args.output, title=args.title,
         data_dir=check_log_dir(args.data_dir) if args.data_dir else None,
-        telemetry=qualify(args.telemetry) if args.telemetry else None)
-    if options.data_dir is None and options.telemetry is None:
-        raise JobError("report: give --data-dir, --telemetry or both")
+        telemetry=qualify(args.telemetry) if args.telemetry else None,
+        source_options=parse_conf_option(args.option),
+        rules=tuple(load_rules(args.rules)) if args.rules else (),
+        units=parse_units(args.unit), alerts_prefix=prefix)
     spark = _session(args, "report")
     try:
         result = report.run(spark, options)
@@ -319,8 +350,29 @@ def _demo(args: argparse.Namespace) -> int:
 
     options = demo.DemoOptions(workdir=args.workdir, host=args.host, port=args.port,
                                data_dir=args.data_dir, devices=args.devices,
-                               readings=args.readings, interval=args.interval)
-    return demo.run(options, lambda: _session(args, "demo"))
+                               readings=args.readings, interval=args.interval,
+                               publish_over=args.publish_over)
+    sessions: list[Any] = []
+
+    def session() -> Any:
+        sessions.append(_session(args, "demo"))
+        return sessions[-1]
+
+    try:
+        demo.run(options, session)
+    finally:
+        for spark in sessions:
+            spark.stop()
+    return 0
+
+
+def parse_units(pairs: list[str]) -> dict[str, str]:
+    """``["temp=°C", ...]`` from repeated ``--unit`` flags."""
+    try:
+        return parse_conf(pairs)
+    except JobError:
+        bad = next(p for p in pairs if "=" not in p or not p.partition("=")[0].strip())
+        raise JobError(f"--unit: expected FIELD=UNIT, got {bad!r}") from None
 
 
 def parse_conf_option(pairs: list[str]) -> dict[str, str]:

@@ -4,8 +4,9 @@
 ``archive``    raw records -> Parquet partitioned by date and topic root
 ``alerts``     threshold ``rules`` over the aggregates -> MQTT (``publisher``), at most once
                per window and rule (``ledger``)
-``report``     a PNG and an HTML page
-``demo``       simulated devices, then telemetry, alerts and report
+``report``     a PNG and an HTML page (``report_model``: what they show; ``report_plot``,
+               ``report_html``: drawing and page)
+``demo``       simulated devices (``demo_fleet``), then telemetry, alerts and report
 ``common``     sessions, options, topic filters; ``interrupts`` (Ctrl-C); ``submit`` is the
                spark-submit entry
 

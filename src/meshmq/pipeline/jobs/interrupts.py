@@ -68,3 +68,8 @@ def adopt_session(session: Any) -> None:
     if _current is not None and threading.current_thread() is threading.main_thread():
         _current.session = session
         signal.signal(signal.SIGINT, _current.handler)
+
+
+def interrupt_requested() -> bool:
+    """Whether Ctrl-C was pressed during the running job (for steps Spark does not run)."""
+    return _current is not None and _current.requested.is_set()

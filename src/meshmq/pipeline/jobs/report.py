@@ -1,32 +1,61 @@
 """The ``report`` job: one PNG and one HTML page for people who would rather look than read.
 
-From the commit log (``--data-dir``): message rate over time (broker timestamps, in buckets
-chosen so the plot has at most ~200 points) and message counts per topic root. From the
-telemetry output (``--telemetry``): per device, the mean of each field per window (the
-busiest fields and devices only, so the plot stays legible), a per-device summary table and
-the quarantine counts by reason. Spark does the aggregation; only the small results come back
-to the driver, where matplotlib (Agg backend, no display needed) draws them.
+Theory of operation
+-------------------
+Spark aggregates; only small results reach the driver (``ReportData``), where
+``report_plot`` draws the PNG (matplotlib, Agg backend: no display needed) and
+``report_html`` writes the page around it.
+
+From the commit log (``--data-dir``, the whole log or the range the source options name):
+
+* the message rate in broker time (when the broker appended each record), in buckets chosen
+  so the run has at most ``MAX_POINTS`` of them, one count per bucket from the first record
+  to the last (empty buckets are zeros, not gaps), split by topic root;
+* the alerts the ``alerts`` job published (JSON on ``ALERTS_PREFIX/#``): rule, threshold,
+  device, window, the value that crossed, and the broker time it was published.
+
+From the telemetry output (``--telemetry``): per field and device the mean per window (the
+busiest fields and devices only, so the plot stays legible), the per-device statistics over
+all windows, and the quarantine counts. Rules (``--rules``) add the thresholds of rules that
+did not fire.
 """
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from meshmq.pipeline.jobs.common import JobError, is_local, qualify, read_log
+from meshmq.pipeline.jobs.common import (
+    JobError,
+    is_local,
+    matches_any,
+    qualify,
+    read_log,
+)
+from meshmq.pipeline.jobs.report_model import (
+    Alert,
+    DeviceStats,
+    ReportData,
+    rate_series,
+    thresholds_of,
+)
+from meshmq.pipeline.jobs.rules import Rule
 from meshmq.pipeline.jobs.telemetry import AGGREGATES_SCHEMA
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 BUCKETS = (1, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400)  # seconds
 MAX_POINTS = 200
 MAX_DEVICES = 8
 MAX_FIELDS = 4
 MAX_ROOTS = 20
+MAX_ALERTS = 1000  # alert rows brought to the driver; the counts cover every alert
+ALERT_SCHEMA = ("alert_id string, rule string, device string, field string, stat string, "
+                "op string, threshold double, value double, topic string, "
+                "window_start string, window_end string")
 
 
 @dataclass(frozen=True)
@@ -35,20 +64,11 @@ class ReportOptions:
     data_dir: str | None = None
     telemetry: str | None = None
     title: str = "meshmq report"
-
-
-@dataclass
-class ReportData:
-    """What the report shows, already aggregated (small)."""
-
-    records: int = 0
-    bucket_seconds: int = 1
-    rates: list[tuple[datetime, float]] = field(default_factory=list)
-    roots: list[tuple[str, int]] = field(default_factory=list)
-    # field -> device -> [(window start, mean)]
-    series: dict[str, dict[str, list[tuple[datetime, float]]]] = field(default_factory=dict)
-    devices: list[dict[str, Any]] = field(default_factory=list)
-    quarantine: dict[str, int] = field(default_factory=dict)
+    description: str = ""  # a paragraph under the title (the demo says what it simulated)
+    source_options: dict[str, str] = field(default_factory=dict)  # which part of the log
+    rules: tuple[Rule, ...] = ()
+    units: dict[str, str] = field(default_factory=dict)  # field -> unit, for axes and tables
+    alerts_prefix: str = "alerts"
 
 
 @dataclass(frozen=True)
@@ -66,37 +86,80 @@ def _utc(micros: int) -> datetime:
 
 
 def pick_bucket(span_seconds: float) -> int:
-    """The smallest bucket in ``BUCKETS`` giving at most ``MAX_POINTS`` points over the span."""
-    for bucket in BUCKETS:
-        if span_seconds / bucket <= MAX_POINTS:
+    """The smallest bucket in ``BUCKETS`` giving at most ``MAX_POINTS`` buckets over the span."""
+    for bucket in BUCKETS:  # buckets are aligned to the epoch: the span may touch one more
+        if span_seconds / bucket <= MAX_POINTS - 1:
             return bucket
     return BUCKETS[-1]
 
 
-def collect_log(spark: SparkSession, data_dir: str, data: ReportData) -> None:
+# ---------------------------------------------------------------- the log
+
+
+def collect_log(spark: SparkSession, data_dir: str, options: ReportOptions,
+                data: ReportData) -> None:
+    """Records, broker-time range, rates by topic root and the alerts published."""
     from pyspark.sql import functions as F
 
-    records = read_log(spark, data_dir).select("timestamp", "topic").persist()
+    log = read_log(spark, data_dir, options=options.source_options)
+    is_alert = matches_any(F.col("topic"), (f"{options.alerts_prefix}/#",))
+    records = log.select(
+        F.unix_micros("timestamp").alias("us"),
+        F.split("topic", "/", 2).getItem(0).alias("root"),
+        F.when(is_alert, F.col("payload").cast("string")).alias("alert")).persist()
     try:
-        span = records.agg(F.count(F.lit(1)).alias("n"), F.min("timestamp").alias("lo"),
-                           F.max("timestamp").alias("hi")).first()
-        data.records = span["n"]
+        span = records.agg(F.count(F.lit(1)).alias("n"), F.min("us").alias("lo"),
+                           F.max("us").alias("hi")).first()
+        data.log_read, data.records = True, span["n"]
         if not data.records:
             return
-        data.bucket_seconds = pick_bucket((span["hi"] - span["lo"]).total_seconds())
-        bucket = f"{data.bucket_seconds} seconds"
-        rates = (records.groupBy(F.window("timestamp", bucket).alias("w")).count()
-                 .select(F.unix_micros("w.start").alias("start"), "count").orderBy("start"))
-        data.rates = [(_utc(r["start"]), r["count"] / data.bucket_seconds)
-                      for r in rates.collect()]
-        roots = (records.groupBy(F.split("topic", "/", 2).getItem(0).alias("root")).count()
-                 .orderBy(F.desc("count"), "root").limit(MAX_ROOTS))
+        data.broker_first, data.broker_last = _utc(span["lo"]), _utc(span["hi"])
+        roots = records.groupBy("root").count().orderBy(F.desc("count"), "root")
         data.roots = [(r["root"], r["count"]) for r in roots.collect()]
+        bucket = pick_bucket((span["hi"] - span["lo"]) / 1_000_000)
+        counts = (records.groupBy((F.floor(F.col("us") / (bucket * 1_000_000))).alias("b"),
+                                  "root").count().collect())
+        data.rates = rate_series({(r["b"], r["root"]): r["count"] for r in counts}, bucket,
+                                 span["lo"], span["hi"], [name for name, _ in data.roots])
+        data.roots = data.roots[:MAX_ROOTS]
+        _collect_alerts(records, data)
     finally:
         records.unpersist()
 
 
-def collect_telemetry(spark: SparkSession, telemetry: str, data: ReportData) -> None:
+def _collect_alerts(records: DataFrame, data: ReportData) -> None:
+    """Alerts as the ``alerts`` job published them (anything else on the prefix is ignored)."""
+    from pyspark.sql import functions as F
+
+    parsed = (records.where(F.col("alert").isNotNull())
+              .select("us", F.from_json("alert", ALERT_SCHEMA).alias("a")).select("us", "a.*"))
+    required = ("rule", "device", "field", "stat", "op", "threshold", "value",
+                "window_start", "window_end")
+    for name in required:
+        parsed = parsed.where(F.col(name).isNotNull())
+    counts = parsed.groupBy("rule", "device").count().collect()
+    data.alert_counts = {(r["rule"], r["device"]): r["count"] for r in counts}
+    rows = parsed.orderBy("window_start", "rule", "device", "us").limit(MAX_ALERTS).collect()
+    data.alerts = [Alert(
+        rule=r["rule"], device=r["device"], field=r["field"], stat=r["stat"], op=r["op"],
+        threshold=r["threshold"], value=r["value"], topic=r["topic"] or "",
+        window_start=_parse_time(r["window_start"]), window_end=_parse_time(r["window_end"]),
+        published=_utc(r["us"])) for r in rows]
+
+
+def _parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+# ---------------------------------------------------------------- telemetry
+
+
+def collect_telemetry(spark: SparkSession, telemetry: str, data: ReportData,
+                      wanted_fields: list[str]) -> None:
+    """Per-device statistics, the window length and range, the series and the quarantine.
+
+    ``wanted_fields`` (fields with rules or alerts) are plotted first, then the busiest.
+    """
     from pyspark.sql import functions as F
 
     base = qualify(telemetry)
@@ -105,103 +168,53 @@ def collect_telemetry(spark: SparkSession, telemetry: str, data: ReportData) -> 
                   .agg(F.sum("count").alias("count"), F.min("min").alias("min"),
                        F.max("max").alias("max"),
                        (F.sum("sum") / F.sum("count")).alias("mean"),
-                       F.count(F.lit(1)).alias("windows"))
-                  .orderBy("device", "field"))
-    data.devices = [row.asDict() for row in per_device.collect()]
-    fields = _busiest(data.devices, "field", MAX_FIELDS)
-    devices = _busiest(data.devices, "device", MAX_DEVICES)
+                       F.countDistinct("window_start").alias("windows"),
+                       F.unix_micros(F.min("window_start")).alias("first"),
+                       F.unix_micros(F.max("window_end")).alias("last"),
+                       F.max(F.unix_micros("window_end") - F.unix_micros("window_start"))
+                       .alias("length"))
+                  .orderBy("field", "device").collect())
+    data.stats = [DeviceStats(r["device"], r["field"], r["count"], r["windows"], r["min"],
+                              r["mean"], r["max"]) for r in per_device]
+    if per_device:
+        data.window_seconds = max(r["length"] for r in per_device) // 1_000_000
+        data.event_first = _utc(min(r["first"] for r in per_device))
+        data.event_last = _utc(max(r["last"] for r in per_device))
+    fields = _ordered(data.stats, "field", wanted_fields)[:MAX_FIELDS]
+    devices = _ordered(data.stats, "device", [])[:MAX_DEVICES]
     series = (aggregates.where(F.col("field").isin(fields) & F.col("device").isin(devices))
-              .groupBy("field", "device", "window_start")
+              .groupBy("field", "device", "window_start", "window_end")
               .agg((F.sum("sum") / F.sum("count")).alias("mean"))
-              .select("field", "device", F.unix_micros("window_start").alias("start"), "mean")
+              .select("field", "device", F.unix_micros("window_start").alias("start"),
+                      F.unix_micros("window_end").alias("end"), "mean")
               .orderBy("field", "device", "start"))
+    data.series = {name: {} for name in fields}
     for row in series.collect():
-        points = data.series.setdefault(row["field"], {}).setdefault(row["device"], [])
-        points.append((_utc(row["start"]), row["mean"]))
-    quarantine = f"{base}/quarantine"
-    if not is_local(quarantine) or Path(quarantine.removeprefix("file://")).is_dir():
-        counts = spark.read.parquet(quarantine).groupBy("reason").count().collect()
-        data.quarantine = {row["reason"]: row["count"] for row in counts}
+        middle = _utc((row["start"] + row["end"]) // 2)
+        data.series[row["field"]].setdefault(row["device"], []).append((middle, row["mean"]))
+    data.quarantine = _quarantine(spark, f"{base}/quarantine")
 
 
-def _busiest(rows: list[dict[str, Any]], key: str, limit: int) -> list[str]:
+def _quarantine(spark: SparkSession, path: str) -> dict[str, int]:
+    if is_local(path) and not Path(path.removeprefix("file://")).is_dir():
+        return {}
+    counts = spark.read.parquet(path).groupBy("reason").count().collect()
+    return {row["reason"]: row["count"] for row in counts}
+
+
+def _ordered(stats: list[DeviceStats], key: str, first: list[str]) -> list[str]:
+    """Names under ``key`` ("field" or "device"): those in ``first``, then by readings."""
     totals: dict[str, int] = {}
-    for row in rows:
-        totals[row[key]] = totals.get(row[key], 0) + row["count"]
-    return sorted(totals, key=lambda name: (-totals[name], name))[:limit]
+    for row in stats:
+        name = getattr(row, key)
+        totals[name] = totals.get(name, 0) + row.count
+    return sorted(totals, key=lambda name: (name not in first, -totals[name], name))
 
 
-def draw(data: ReportData, path: Path, title: str) -> None:
-    """Write the PNG: rates, topic roots, then one panel per field."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
-
-    panels = 2 + len(data.series)
-    figure, axes = plt.subplots(panels, 1, figsize=(10, 3.2 * panels), squeeze=False,
-                                layout="constrained")
-    figure.suptitle(title)
-    rate_axes, root_axes = axes[0][0], axes[1][0]
-    if data.rates:
-        times, values = zip(*data.rates, strict=True)
-        rate_axes.bar(times, values, width=data.bucket_seconds / 86400, align="edge")
-    rate_axes.set_title(f"messages per second ({data.bucket_seconds} s buckets, broker time, "
-                        "UTC)")
-    rate_axes.set_ylabel("msg/s")
-    if data.roots:
-        names, counts = zip(*data.roots, strict=True)
-        bars = root_axes.barh([name or "(empty)" for name in names], counts)
-        root_axes.bar_label(bars, padding=3)
-        root_axes.invert_yaxis()
-    root_axes.set_title("messages per topic root")
-    for row, (name, devices) in enumerate(sorted(data.series.items()), start=2):
-        field_axes = axes[row][0]
-        for device, points in sorted(devices.items()):
-            times, means = zip(*points, strict=True)
-            field_axes.plot(times, means, marker=".", label=device)
-        field_axes.set_title(f"{name}: mean per window, by device (event time, UTC)")
-        field_axes.legend(loc="upper left", fontsize="small", ncols=4)
-    for row in (0, *range(2, panels)):
-        locator = mdates.AutoDateLocator()
-        axes[row][0].xaxis.set_major_locator(locator)
-        axes[row][0].xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
+# ---------------------------------------------------------------- the job
 
 
-def render_html(data: ReportData, png_name: str, title: str) -> str:
-    esc = html.escape
-    rows = "".join(
-        f"<tr><td>{esc(d['device'])}</td><td>{esc(d['field'])}</td><td>{d['count']}</td>"
-        f"<td>{d['windows']}</td><td>{d['min']:.4g}</td><td>{d['mean']:.4g}</td>"
-        f"<td>{d['max']:.4g}</td></tr>" for d in data.devices)
-    roots = "".join(f"<tr><td>{esc(name) or '(empty)'}</td><td>{count}</td></tr>"
-                    for name, count in data.roots)
-    bad = ", ".join(f"{esc(reason)}: {n}" for reason, n in sorted(data.quarantine.items()))
-    generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style></head>
-<body><h1>{esc(title)}</h1>
-<p>Generated {generated}. {data.records} records in the log;
-{len({d['device'] for d in data.devices})} devices with telemetry;
-quarantined: {bad or "none"}.</p>
-<img src="{esc(png_name)}" alt="message rates, topic roots and per-device metrics">
-<h2>Messages per topic root</h2>
-<table><tr><th>root</th><th>messages</th></tr>{roots}</table>
-<h2>Per-device metrics (all windows)</h2>
-<table><tr><th>device</th><th>field</th><th>readings</th><th>windows</th><th>min</th>
-<th>mean</th><th>max</th></tr>{rows}</table>
-</body></html>
-"""
-
-
-def run(spark: SparkSession, options: ReportOptions) -> ReportResult:
-    """Collect, draw and write ``report.png`` and ``report.html`` under the output directory."""
+def _check_inputs(options: ReportOptions) -> None:
     if options.data_dir is None and options.telemetry is None:
         raise JobError("report: give --data-dir, --telemetry or both")
     if options.telemetry is not None:
@@ -209,13 +222,31 @@ def run(spark: SparkSession, options: ReportOptions) -> ReportResult:
         if is_local(str(aggregates)) and not aggregates.is_dir():
             raise JobError(f"{aggregates}: no telemetry aggregates (run `meshmq pipeline "
                            "telemetry` first)")
-    data = ReportData()
+
+
+def collect(spark: SparkSession, options: ReportOptions) -> ReportData:
+    """Everything the report shows, aggregated by Spark."""
+    _check_inputs(options)
+    data = ReportData(units=dict(options.units), alerts_prefix=options.alerts_prefix)
     if options.data_dir is not None:
-        collect_log(spark, options.data_dir, data)
+        collect_log(spark, options.data_dir, options, data)
+    data.thresholds = thresholds_of(options.rules, data.alerts)
     if options.telemetry is not None:
-        collect_telemetry(spark, options.telemetry, data)
+        wanted = [t.field for t in data.thresholds]
+        collect_telemetry(spark, options.telemetry, data, wanted)
+    return data
+
+
+def run(spark: SparkSession, options: ReportOptions) -> ReportResult:
+    """Collect, draw and write ``report.png`` and ``report.html`` under the output directory."""
+    from meshmq.pipeline.jobs.report_html import render_html
+    from meshmq.pipeline.jobs.report_plot import draw
+
+    data = collect(spark, options)
     output = Path(options.output).expanduser().resolve()
     png, page = output / "report.png", output / "report.html"
     draw(data, png, options.title)
-    page.write_text(render_html(data, png.name, options.title), encoding="utf-8")
+    page.write_text(render_html(data, png.name, options.title, options.description),
+                    encoding="utf-8")
     return ReportResult(png, page, data)
+

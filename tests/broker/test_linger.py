@@ -1,0 +1,108 @@
+"""broker/linger.py on real sockets in one event loop: half-close, drain, and the two bounds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+import uvloop
+
+from meshmq.broker import linger
+from meshmq.broker.linger import LINGER_BYTES, Linger, close_gracefully
+
+Runner = Callable[[Coroutine[Any, Any, None]], None]
+# The broker runs on uvloop; the standard loop too, as the layer must not depend on one.
+RUNNERS = [pytest.param(uvloop.run, id="uvloop"), pytest.param(asyncio.run, id="asyncio")]
+
+
+class LastWords(asyncio.Protocol):
+    """Says ``bye`` to the first bytes it reads, then closes gracefully."""
+
+    def __init__(self) -> None:
+        self.lost = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(b"bye")
+        close_gracefully(self.transport)
+        close_gracefully(self.transport)  # idempotent
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(asyncio.get_running_loop().time())
+
+
+async def serve_one() -> tuple[asyncio.Server, list[LastWords]]:
+    made: list[LastWords] = []
+
+    def factory() -> LastWords:
+        made.append(LastWords())
+        return made[-1]
+
+    server = await asyncio.get_running_loop().create_server(factory, "127.0.0.1", 0)
+    return server, made
+
+
+async def last_words(server: asyncio.Server) -> tuple[asyncio.StreamReader,
+                                                      asyncio.StreamWriter]:
+    """Connect, send one byte, and read the server's ``bye`` and its end of stream."""
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"x")
+    assert await asyncio.wait_for(reader.read(), 5) == b"bye"  # read() ends at our FIN
+    return reader, writer
+
+
+@pytest.mark.parametrize("run", RUNNERS)
+def test_peer_reads_our_last_bytes_then_eof_and_its_eof_closes(run: Runner) -> None:
+    async def scenario() -> None:
+        server, made = await serve_one()
+        _, writer = await last_words(server)
+        assert not made[0].lost.done()  # half-closed: still there, reading
+        writer.close()  # the peer's FIN ends it at once
+        await asyncio.wait_for(made[0].lost, 1)
+        server.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("run", RUNNERS)
+def test_peer_sending_more_than_the_byte_bound_is_cut_off(run: Runner) -> None:
+    async def scenario() -> None:
+        server, made = await serve_one()
+        _, writer = await last_words(server)
+        linger_protocol = made[0].transport.get_protocol()  # type: ignore[union-attr]
+        assert isinstance(linger_protocol, Linger)
+        chunk = b"\x00" * 65536
+        with pytest.raises(ConnectionError):
+            for _ in range(10 * LINGER_BYTES // len(chunk)):
+                writer.write(chunk)
+                await writer.drain()
+        await asyncio.wait_for(made[0].lost, 5)
+        assert LINGER_BYTES < linger_protocol.dropped <= LINGER_BYTES + 2 * 262_144
+        server.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("run", RUNNERS)
+def test_silent_peer_is_cut_off_after_the_time_bound(monkeypatch, run: Runner) -> None:
+    monkeypatch.setattr(linger, "LINGER_SECONDS", 0.2)
+
+    async def scenario() -> None:
+        server, made = await serve_one()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        _, writer = await last_words(server)  # and then neither sends nor closes
+        lost_at = await asyncio.wait_for(made[0].lost, 5)
+        assert 0.15 <= lost_at - started < 2.0  # (uvloop keeps time in milliseconds)
+        writer.close()
+        server.close()
+
+    run(scenario())
