@@ -25,7 +25,7 @@ RATE = 250  # samples per second
 # Frames that every stack of a thread shares (how the process or thread started): not news.
 ENTRY = ("<frozen runpy>", "threading.py:Thread._bootstrap", "threading.py:Thread.run",
          "meshmq/cli.py:", "meshmq/__main__.py:", "uvloop/__init__.py:run",
-         "asyncio/runners.py:", "meshmq/broker/server.py:run_server")
+         "asyncio/runners.py:", "meshmq/node/server.py:run_server")
 _PREFIX = re.compile(r"^.*/(?:src|site-packages|lib/python3\.\d+)/")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 

@@ -135,8 +135,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"meshmq: error: {exc}", file=sys.stderr)
         return 2
 
-    from meshmq.broker.server import run_server  # imported late: only serve needs the broker
     from meshmq.logsetup import configure_logging
+    from meshmq.node.server import run_server  # imported late: only serve needs the broker
 
     configure_logging(config.server.log_level, config.server.log_format)
     return run_server(config)

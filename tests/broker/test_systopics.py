@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BrokerProcess, Client, start_broker, wait_for
-from meshmq.broker.keeper import message_to_json
+from meshmq.broker.snapshot import message_to_json
 from meshmq.broker.message import Message
 from meshmq.broker.statestore import StateStore
 
@@ -112,7 +112,7 @@ def test_sys_values_stored_by_an_older_version_are_dropped_at_restore(
         store.load()
         for topic, payload in (("$SYS/broker/uptime", b"9999 seconds"), ("kept/one", b"k")):
             message = Message(topic, payload, 0, True, None, None, 0.0)
-            store.write({"op": "retain", "topic": topic, "message": message_to_json(message)})
+            store.write({"op": "retain", "topic": topic, "message": message_to_json(message, 0.0)})
         store.close()
     finally:
         loop.close()

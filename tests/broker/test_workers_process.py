@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BrokerProcess, start_broker, wait_for
-from meshmq.broker.supervisor import CrashHistory, ReservationError, reserve_ports
+from meshmq.node.supervisor import CrashHistory, ReservationError, reserve_ports
 from meshmq.cluster.spec import resolve_workers
 from meshmq.config import load_config
 from meshmq.logsetup import configure_logging, set_worker

@@ -64,7 +64,7 @@ class CatchUp:
     filters: list[ReplayFilter] = field(default_factory=list)
     dup_below: list[int] | None = None  # records below these offsets may have been sent before
     lost: int = 0  # records deleted by retention before this session could read them
-    syncing: int = 0  # workers: waiting for the leader's high watermark (remotelog.py)
+    syncing: int = 0  # waiting for the leaders' high watermarks (PartitionLog.sync)
     _skipped: dict[int, int] = field(default_factory=dict)
     _matched: dict[tuple[str, str], bool] = field(default_factory=dict)
 

@@ -151,6 +151,11 @@ class SessionDirectory(Protocol):
 class NodeStatistics(Protocol):
     """Where ``$SYS`` gets the node's totals."""
 
+    workers: int  # routers in the node
+
     def totals(self, mine: dict[str, int]) -> dict[str, int] | None:
         """This router's counters in; the node's totals out, or None when another router
         publishes them."""
+
+    def complete(self) -> bool:
+        """Every other router's figures have arrived at least once (since it linked)."""

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from meshmq.broker.catchup import CatchUp
 from meshmq.broker.message import Message
@@ -70,7 +70,17 @@ class ClientLink(Protocol):
 
 
 SharedKey = tuple[str, str]  # (share name, topic filter)
-QueueEntry = tuple[Message, int, bool, "list[int] | None", "SharedKey | None", bool]
+
+
+class QueueEntry(NamedTuple):
+    """A message waiting in a session's queue for room in its inflight window."""
+
+    message: Message
+    qos: int
+    retain: bool
+    subscription_ids: list[int] | None
+    group: SharedKey | None  # the shared group it came through
+    dup: bool  # may have been sent before (a resend)
 
 CATCHUP_QUEUE = 1000  # a catch-up refills the queue up to this many messages
 
@@ -97,6 +107,20 @@ class Outbound:
         self.subscription_ids = subscription_ids
         self.released = False  # PUBREC received, PUBREL sent, waiting for PUBCOMP
         self.sent = True  # False while waiting to be resent on a new connection
+
+
+@dataclass(slots=True)
+class LiveState:
+    """What only a running session has, for a hand-over to another router
+    (broker/snapshot.py): its unacknowledged and queued messages, packet ids, inbound QoS 2
+    state and its catch-up's per-filter positions."""
+
+    qos2_in: set[int]
+    next_packet_id: int
+    dropped: int
+    inflight: list[tuple[int, Outbound]]
+    queue: list[QueueEntry]
+    catchup: dict[str, Any] | None  # {"filters": [[filter, start]], "dup_below", "lost"}
 
 
 class Session:
@@ -199,16 +223,16 @@ class Session:
         client = self.client
         if client is None:
             if qos or self.limits.queue_qos0 or self.connecting:
-                self._enqueue((message, qos, retain, subscription_ids, group, dup))
+                self._enqueue(QueueEntry(message, qos, retain, subscription_ids, group, dup))
             return
         if not qos:
             if client.congested:  # wait in the bounded queue; its policy drops when full
-                self._enqueue((message, 0, retain, subscription_ids, group, dup))
+                self._enqueue(QueueEntry(message, 0, retain, subscription_ids, group, dup))
             else:
                 self._send(client, message, 0, retain, subscription_ids, None, False, now)
             return
         if self.queue or client.congested or len(self.inflight) >= self._window(client):
-            self._enqueue((message, qos, retain, subscription_ids, group, dup))
+            self._enqueue(QueueEntry(message, qos, retain, subscription_ids, group, dup))
             return
         self._send_inflight(client, message, qos, retain, subscription_ids, now, group, dup)
 
@@ -281,7 +305,7 @@ class Session:
 
     def _enqueue(self, entry: QueueEntry) -> None:
         limits = self.limits
-        size = entry[0].size
+        size = entry.message.size
         if size > limits.max_queued_bytes:
             self._count_drop("message larger than the whole queue")
             return
@@ -290,7 +314,7 @@ class Session:
             len(queue) >= limits.max_queued_messages
             or self.queued_bytes + size > limits.max_queued_bytes
         )
-        if full and self._fall_back_to_log(entry[0], entry[4]):
+        if full and self._fall_back_to_log(entry.message, entry.group):
             return
         while queue and (
             len(queue) >= limits.max_queued_messages
@@ -299,7 +323,7 @@ class Session:
             if limits.queue_drop_policy == "drop_newest":
                 self._count_drop("queue full, newest message dropped")
                 return
-            self.queued_bytes -= queue.popleft()[0].size
+            self.queued_bytes -= queue.popleft().message.size
             self._count_drop("queue full, oldest message dropped")
         queue.append(entry)
         self.queued_bytes += size
@@ -437,7 +461,7 @@ class Session:
             persistence.high_watermark
         )
         pending = [out.message for out in self.inflight.values() if out.group is None]
-        pending += [entry[0] for entry in self.queue if entry[4] is None]
+        pending += [entry.message for entry in self.queue if entry.group is None]
         for message in pending:
             position = message.position
             if position is not None and position[1] < cursor[position[0]]:
@@ -535,13 +559,39 @@ class Session:
             (out.group, out.message, out.qos) for out in self.inflight.values()
             if out.group is not None and not out.released
         ]
-        taken += [(entry[4], entry[0], entry[1]) for entry in self.queue if entry[4] is not None]
+        taken += [(entry.group, entry.message, entry.qos) for entry in self.queue
+                  if entry.group is not None]
         self.catchup = None
         self.inflight.clear()
         self._unsent = 0
         self.queue.clear()
         self.queued_bytes = 0
         return taken  # type: ignore[return-value]
+
+    def live_state(self) -> LiveState:
+        """This session's running state, to hand it over (``restore_live`` elsewhere)."""
+        catchup = self.catchup
+        return LiveState(
+            set(self.qos2_in), self._next_packet_id, self.dropped, list(self.inflight.items()),
+            list(self.queue), None if catchup is None else {
+                "filters": [[f.topic_filter, f.start] for f in catchup.filters],
+                "dup_below": catchup.dup_below, "lost": catchup.lost})
+
+    def restore_live(self, live: LiveState) -> None:
+        """Take over a running state from another router (the session is detached)."""
+        self.qos2_in = live.qos2_in
+        self._next_packet_id = live.next_packet_id
+        self.dropped = live.dropped
+        self.inflight = dict(live.inflight)
+        self.queue = deque(live.queue)
+        self.queued_bytes = sum(entry.message.size for entry in self.queue)
+        catchup = live.catchup
+        if catchup is not None and self.persistence is not None:
+            self.catchup = CatchUp(self.persistence)
+            for topic_filter, start in catchup["filters"]:
+                self.catchup.add(topic_filter, None, start)
+            self.catchup.dup_below = catchup["dup_below"]
+            self.catchup.lost = catchup["lost"]
 
     def statistics(self) -> dict[str, int]:
         return {

@@ -46,13 +46,12 @@ TOPICS = {
 
 
 def local_counts(broker: Broker) -> dict[str, int]:
-    """This process's share of the node's counters."""
+    """This process's share of the node's counters (``forwarded``: its peers add theirs)."""
     connected = dropped = subscriptions = 0
     for session in broker.sessions.values():  # one pass per interval
         connected += session.client is not None
         dropped += session.dropped
         subscriptions += len(session.subscriptions)
-    mesh = broker.mesh
     return {
         "clients_connected": connected,
         "clients_disconnected": len(broker.sessions) - connected,
@@ -61,13 +60,13 @@ def local_counts(broker: Broker) -> dict[str, int]:
         "messages_sent": broker.router.delivered,
         "messages_dropped": dropped,
         "subscriptions": subscriptions,
-        "retained": len(broker.router.retained) if broker.router.keeps_retained else 0,
-        "forwarded": mesh.counters["forwarded"] if mesh is not None else 0,
+        "retained": broker.retained.count(),  # those this router keeps: no double counting
+        "forwarded": 0,
     }
 
 
 class SysTopics:
-    """The node's ``$SYS/broker/...`` topics, published by this worker (or sent to the leader)."""
+    """The node's ``$SYS/broker/...`` topics, published by the router that adds them up."""
 
     def __init__(self, broker: Broker, interval: float) -> None:
         self.broker = broker
@@ -87,36 +86,27 @@ class SysTopics:
 
     def tick(self) -> None:
         broker = self.broker
-        counts = local_counts(broker)
-        mesh = broker.mesh
-        if mesh is not None and not mesh.worker.is_leader:
-            mesh.send_statistics(counts)
-        else:
-            if mesh is not None:
-                for peer_counts in mesh.peer_statistics.values():
-                    for name, value in peer_counts.items():
-                        if name in counts:
-                            counts[name] += value
-            self.publish(counts)
+        totals = broker.statistics_sink.totals(local_counts(broker))
+        if totals is not None:
+            self.publish(totals)
         self._handle = broker.loop.call_later(self.next_delay(), self.tick)
 
     def next_delay(self) -> float:
-        """The interval; shorter on the leader while a peer's first figures are due."""
-        mesh = self.broker.mesh
-        if (mesh is not None and mesh.worker.is_leader
-                and len(mesh.peer_statistics) < mesh.worker.count - 1
-                and time.monotonic() - self.started < self.interval):
+        """The interval; shorter while the first figures of other routers are due."""
+        if not self.broker.statistics_sink.complete() \
+                and time.monotonic() - self.started < self.interval:
             return min(CATCH_UP, self.interval)
         return self.interval
 
     def publish(self, counts: dict[str, int]) -> None:
+        broker = self.broker
         values = {TOPICS[name]: str(value) for name, value in counts.items()}
         values["uptime"] = f"{int(time.monotonic() - self.started)} seconds"
         values["version"] = f"meshmq {__version__}"
-        mesh = self.broker.mesh
-        values["workers"] = str(1 if mesh is None else mesh.worker.count)
-        router = self.broker.router
-        now = self.broker.loop.time()
+        values["workers"] = str(broker.statistics_sink.workers)
+        router = broker.router
+        now = broker.loop.time()
         for topic, text in values.items():
             message = Message(PREFIX + topic, text.encode(), 0, True, None, None, now)
             router.publish_internal(message, now)
+            broker.retained.keep(message, None)

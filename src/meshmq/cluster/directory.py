@@ -94,8 +94,10 @@ class SessionHost(Protocol):
 class Directory:
     """This worker's side of the session directory (see the module docstring)."""
 
-    def __init__(self, host: SessionHost, leadership: Leadership, mesh: Mesh) -> None:
+    def __init__(self, host: SessionHost, leadership: Leadership, mesh: Mesh,
+                 defer: Callable[[Callable[[], None]], object]) -> None:
         self.host = host
+        self.defer = defer  # run a callback on a later loop turn (answers are never synchronous)
         self.leadership = leadership
         self.mesh = mesh
         self.holders: dict[str, int] = {}  # client id -> worker holding its session (owned ids)
@@ -108,7 +110,7 @@ class Directory:
         self._pending_settle: dict[str, set[int]] = {}  # client id -> workers to tell SETTLED
         self._stand_ins: dict[str, MovedSession] = {}
         self._complete_deadline = 0.0
-        self.restored = False
+        self._restored = False  # the broker's own sessions are restored (and registered)
         self.counters = {"claims": 0, "claims_remote": 0, "handed_over": 0, "stand_ins": 0}
         for frame_type, handler in (
                 (FrameType.CLAIM, self._on_claim), (FrameType.RELEASE, self._on_release),
@@ -135,16 +137,18 @@ class Directory:
 
         def answered(status: int, holders: list[int], sessions: list[bytes]) -> None:
             self._claiming.discard(client_id)
+            self.drop_moved(client_id)  # a stand-in left here is not the session
             adopted = self.host.adopt_sessions(sessions) if sessions else []
             for holder in holders:  # a stand-in waits for our SETTLED
                 self._pending_settle.setdefault(client_id, set()).add(holder)
             done(adopted)
 
         if owner == self.me:
-            self._serve_claim(self.me, client_id, clean_start, answered)
+            self._serve_claim(self.me, client_id, clean_start,
+                              lambda *answer: self.defer(partial(answered, *answer)))
         elif not self.mesh.request(owner, lambda request_id: Claim(
                 request_id, client_id, clean_start).encode(),
-                partial(self._claimed, answered), timeout=CLAIM_TIMEOUT):
+                partial(self._claimed, client_id, owner, answered), timeout=CLAIM_TIMEOUT):
             self._claim_everywhere(client_id, clean_start, answered)  # the owner is down
         else:
             self.counters["claims_remote"] += 1
@@ -171,9 +175,11 @@ class Directory:
 
     # ------------------------------------------------------------------ claims (claimant)
 
-    def _claimed(self, answered: Answer, frame: Claimed | None) -> None:
-        if frame is None:  # the owner went away meanwhile: start afresh here
-            log.warning("claim unanswered by the client id's owner: new session")
+    def _claimed(self, client_id: str, owner: int, answered: Answer,
+                 frame: Claimed | None) -> None:
+        if frame is None:  # the owner is stopped, stuck or gone: start afresh here
+            log.warning("claim of client_id=%s unanswered by its owner, worker %d, within "
+                        "%.0f s: going on with a new session", client_id, owner, CLAIM_TIMEOUT)
             return answered(CLAIM_NONE, [], [])
         answered(frame.status, frame.holders, frame.sessions)
 
@@ -243,7 +249,7 @@ class Directory:
                 self._release_here(client_id, clean_start, claimant, partial(one, holder))
             elif not self.mesh.request(holder, lambda request_id, holder=holder: Release(
                     request_id, client_id, clean_start, claimant).encode(),
-                    partial(one, holder)):
+                    partial(one, holder), timeout=RELEASE_TIMEOUT):
                 one(holder, None)  # down: a copy it may still have comes back registered
 
     def _next_claim(self, client_id: str) -> None:
@@ -360,7 +366,7 @@ class Directory:
 
     def restored(self) -> None:
         """The sessions restored at start-up are here: register them with their owners."""
-        self.restored = True
+        self._restored = True
         mine = [c for c, s in self.host.sessions.items() if not isinstance(s, MovedSession)]
         self._register([c for c in mine if self.leadership.owner_of_client(c) == self.me], [])
         for peer in list(self.mesh.peers):
@@ -394,7 +400,7 @@ class Directory:
                     del self.extra[client_id]
 
     def _on_link_up(self, peer: int, hello: Hello) -> None:
-        if self.restored:
+        if self._restored:
             self._send_registration(peer)
 
     def _on_link_down(self, peer: int) -> None:
@@ -434,4 +440,6 @@ class Directory:
         return {"directory_entries": len(self.holders), **self.counters}
 
 
-CLAIM_TIMEOUT = 2 * ANSWER_TIMEOUT  # an owner may itself wait for a holder's answer
+CLAIM_TIMEOUT = ANSWER_TIMEOUT  # a stopped or stuck owner holds a CONNECT back this long
+RELEASE_TIMEOUT = 0.8 * ANSWER_TIMEOUT  # an owner waits this long for a holder, so that its
+# answer (without the session, then) still reaches the claimant in time

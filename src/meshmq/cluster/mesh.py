@@ -373,20 +373,16 @@ class Mesh:
         peer must not hold the caller back. ``on_answer(peer, frame or None, late)``."""
         self._flush_routes()
         chosen = [p for p in (self.peers if peers is None else peers) if p in self.peers]
-        now = self.io.now()
 
-        def timed_out_done() -> None:
+        def finished(missing: list[int]) -> None:
+            if missing:
+                log.warning("%s unanswered after %.0f s, going on without workers %s", what,
+                            ANSWER_TIMEOUT, missing)
             done()
 
-        def answered(peer: int, frame: Any, late: bool) -> None:
-            if frame is None and not late and self.io.now() >= now + ANSWER_TIMEOUT:
-                log.warning("%s unanswered after %.0f s, going on without peer=%d", what,
-                            ANSWER_TIMEOUT, peer)
-            on_answer(peer, frame, late)
-
         self.requests.ask_all(chosen, lambda peer, request_id: self._queue(
-            self.peers[peer], frame(request_id)), answered, timed_out_done,
-            now + ANSWER_TIMEOUT)
+            self.peers[peer], frame(request_id)), on_answer, finished,
+            self.io.now() + ANSWER_TIMEOUT)
         self._schedule()
 
     def expire(self, now: float) -> None:

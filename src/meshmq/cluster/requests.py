@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 A = TypeVar("A")  # the answer frame type
@@ -45,15 +45,15 @@ class _Group(Generic[A]):
     """One ``ask_all``: how many answers it still waits for."""
 
     on_answer: Callable[[int, A | None, bool], None]
-    done: Callable[[], None]
+    done: Callable[[list[int]], None]
     deadline: float
-    waiting: int = 0
+    waiting: set[int] = field(default_factory=set)
     finished: bool = False
 
     def finish(self) -> None:
         if not self.finished:
             self.finished = True
-            self.done()
+            self.done(sorted(self.waiting))
 
 
 class Requests(Generic[A]):
@@ -123,25 +123,25 @@ class Requests(Generic[A]):
             pending.callback(None)
 
     def ask_all(self, peers: Iterable[int], send: Callable[[int, int], None],
-                on_answer: Callable[[int, A | None, bool], None], done: Callable[[], None],
-                deadline: float) -> list[int]:
-        """Send a request to each of ``peers`` (``send(peer, request_id)``); ``done()`` once
-        all answered or failed, or at ``deadline``, whichever comes first (at once when there
-        is no peer). ``on_answer(peer, frame or None, late)`` sees every outcome, also those
-        after ``done`` (``late``), up to ``late_grace`` seconds after the deadline. Returns
-        the peers asked."""
+                on_answer: Callable[[int, A | None, bool], None],
+                done: Callable[[list[int]], None], deadline: float) -> list[int]:
+        """Send a request to each of ``peers`` (``send(peer, request_id)``); ``done(missing)``
+        once all answered or failed, or at ``deadline``, whichever comes first (at once when
+        there is no peer; ``missing``: the peers that had not answered). ``on_answer(peer,
+        frame or None, late)`` sees every outcome, also those after ``done`` (``late``), up
+        to ``late_grace`` seconds after the deadline. Returns the peers asked."""
         group: _Group[A] = _Group(on_answer, done, deadline)
         asked = list(peers)
 
         def one(peer: int) -> Callable[[A | None], None]:
             def callback(frame: A | None) -> None:
                 group.on_answer(peer, frame, group.finished)
-                group.waiting -= 1
-                if group.waiting == 0:
+                group.waiting.discard(peer)
+                if not group.waiting:
                     group.finish()
             return callback
 
-        group.waiting = len(asked)
+        group.waiting = set(asked)
         if not asked:
             group.finish()
             return asked

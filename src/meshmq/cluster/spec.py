@@ -10,9 +10,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from meshmq.config import BrokerConfig
 
-LEADER = 0  # the worker that owns the commit log and the retained messages (docs/workers.md)
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
     """One worker of a node started with ``server.workers = count``.
@@ -25,18 +22,9 @@ class WorkerSpec:
     count: int
     token: str
 
-    @property
-    def is_leader(self) -> bool:
-        return self.index == LEADER
-
     def link_address(self, index: int) -> str:
         """The abstract unix socket worker ``index`` accepts links on."""
         return f"\0meshmq-{self.token}-{index}"
-
-    @property
-    def state_directory(self) -> str:
-        """Name of this worker's state directory under ``data_dir``."""
-        return "state" if self.is_leader else f"state-{self.index}"
 
 
 def resolve_workers(configured: int) -> int:

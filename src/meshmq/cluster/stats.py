@@ -24,11 +24,13 @@ class MeshStatistics:
     def __init__(self, mesh: Mesh, owner: bool) -> None:
         self.mesh = mesh
         self.owner = owner
+        self.workers = mesh.worker.count
         self.peers: dict[int, dict[str, int]] = {}
         mesh.handle(FrameType.STATS, self._on_stats)
         mesh.on_link_down.append(lambda peer: self.peers.pop(peer, None))
 
     def totals(self, mine: dict[str, int]) -> dict[str, int] | None:
+        mine = {**mine, "forwarded": self.mesh.counters["forwarded"]}
         if not self.owner:
             self.mesh.send(STATISTICS_OWNER, Stats(mine).encode())
             return None
@@ -39,9 +41,9 @@ class MeshStatistics:
                     totals[name] += value
         return totals
 
-    def have_all_peers(self) -> bool:
+    def complete(self) -> bool:
         """Every linked peer has reported once (the first totals after a start)."""
-        return set(self.mesh.peers) <= set(self.peers)
+        return not self.owner or set(self.mesh.peers) <= set(self.peers)
 
     def _on_stats(self, peer: int, frame: Stats) -> None:
         self.peers[peer] = frame.values

@@ -19,14 +19,28 @@ owns to their owners. Only then does the worker serve clients.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
+from meshmq.broker.wire import decode_message, encode_message
+from meshmq.cluster.directory import Directory
+from meshmq.cluster.leaders import Leadership
+from meshmq.cluster.mesh import Mesh
+from meshmq.cluster.partitions import PartitionedLog
+from meshmq.cluster.retained import OwnedRetained
+from meshmq.cluster.sockets import MeshSockets
+from meshmq.cluster.stats import MeshStatistics
+
+log = logging.getLogger("meshmq.mesh")
+
 if TYPE_CHECKING:
+    from meshmq.broker.broker import Broker
     from meshmq.broker.message import Message
     from meshmq.broker.router import Router
     from meshmq.cluster.codec import Forward
-    from meshmq.cluster.mesh import Mesh
+    from meshmq.cluster.spec import WorkerSpec
 
 
 def join_router(mesh: Mesh, router: Router, decode: Callable[[bytes, float], Message],
@@ -45,3 +59,62 @@ def join_router(mesh: Mesh, router: Router, decode: Callable[[bytes, float], Mes
         router.deliver_forwarded(message, frame.groups, now)
 
     mesh.on_forward = forwarded
+
+
+class WorkerCluster:
+    """One worker's cluster side: its mesh and the cluster versions of the core's
+    interfaces, given to ``broker`` (see the module docstring)."""
+
+    def __init__(self, broker: Broker, worker: WorkerSpec) -> None:
+        config = broker.config
+        self.broker = broker
+        self.worker = worker
+        loop = broker.loop
+        key_level = None if config.log.key_level < 0 else config.log.key_level
+        self.leadership = Leadership(worker, config.log.partitions, key_level)
+        self.sockets = MeshSockets(loop, worker)
+        self.log: PartitionedLog | None = None
+        self.mesh = mesh = Mesh(worker, self.sockets, encode_message, self._highs)
+        lifecycle = broker.lifecycle
+        if config.log.enabled:
+            self.log = PartitionedLog(config.log, config.server.data_dir, loop, self.leadership,
+                                      mesh, lifecycle.encode_message, lifecycle.decode_message)
+            self.log.route_stored = broker.publishes.route_stored
+        self.retained = OwnedRetained(broker.local_retained, self.leadership, mesh,
+                                      lifecycle.encode_message, lifecycle.decode_message)
+        self.directory = Directory(lifecycle, self.leadership, mesh, loop.call_soon)
+        self.statistics = MeshStatistics(mesh, self.leadership.is_statistics_owner)
+        join_router(mesh, broker.router, decode_message, self._forwarded_position)
+        mesh.on_congested = self._congested
+        self._congestion_logged = -1e9
+        broker.use(mesh, self.log, self.retained, self.directory, self.statistics)
+
+    def _highs(self) -> dict[int, int]:
+        return self.log.leader_highs() if self.log is not None else {}
+
+    def _forwarded_position(self, position: tuple[int, int]) -> None:
+        if self.log is not None:
+            self.log.routed(*position)
+
+    def _congested(self, peer: int) -> None:
+        """A publish was forwarded to a peer whose link is backed up: its publisher waits
+        until the link drains (lossless; the clients that do not publish to that peer go on)."""
+        self.broker.pause_publisher(f"peer-{peer}", partial(self.mesh.when_drained, peer))
+        now = self.broker.loop.time()
+        if now - self._congestion_logged >= 10.0:  # one line per 10 s, not per publish
+            self._congestion_logged = now
+            log.warning("link to worker %d backed up: client input paused for the clients "
+                        "publishing to it (episodes=%d)", peer, self.mesh.counters["congested"])
+
+    async def start(self) -> None:
+        """Link to every peer (before the broker restores its state)."""
+        await self.sockets.start(self.mesh)
+
+    def started(self) -> None:
+        """The broker restored its state: register its sessions with their owners and hand
+        on the retained messages it no longer owns."""
+        self.directory.restored()
+        self.retained.migrate()
+
+    def close(self) -> None:
+        self.sockets.close()

@@ -55,11 +55,14 @@ from dataclasses import dataclass
 from meshmq.auth.acl import ACLFileError, read_acl_file
 from meshmq.auth.passwords import PasswordFileError, read_password_file
 from meshmq.broker.listeners import listener_specs
-from meshmq.broker.server import DataDirError, prepare_data_dir, run_worker
+from meshmq.broker.persistence import parse_fsync_rules
 from meshmq.broker.tls import TLSConfigError, build_server_context
 from meshmq.cluster.spec import WorkerSpec, share_node_limits
 from meshmq.config import BrokerConfig
+from meshmq.log.commit_log import lock_node_log
+from meshmq.log.errors import LogConfigError, LogError
 from meshmq.logsetup import set_worker
+from meshmq.node.server import DataDirError, prepare_data_dir, run_worker
 
 log = logging.getLogger("meshmq.supervisor")
 
@@ -185,6 +188,7 @@ def check_files(config: BrokerConfig) -> None:
         read_acl_file(config.auth.acl_file)
     if any(spec.tls for spec in listener_specs(config)):
         build_server_context(config.tls)
+    parse_fsync_rules(config.log.fsync_rules)  # every worker opens log partitions
 
 
 # ---------------------------------------------------------------------- crashes
@@ -250,9 +254,11 @@ def _set_parent_death_signal() -> None:
 class Supervisor:
     """Forks the workers, waits for them, forwards signals and restarts crashed workers."""
 
-    def __init__(self, config: BrokerConfig, count: int, sockets: list[socket.socket]) -> None:
+    def __init__(self, config: BrokerConfig, count: int, sockets: list[socket.socket],
+                 log_lock: int | None = None) -> None:
         self.config = config  # the workers' configuration, with the concrete ports
         self.sockets = sockets
+        self.log_lock = log_lock  # the commit log's node-wide lock, held while workers run
         token = secrets.token_hex(8)
         self.workers = [Worker(WorkerSpec(index, count, token)) for index in range(count)]
         self.crashes = CrashHistory()
@@ -321,6 +327,8 @@ class Supervisor:
     def drop_inherited(self) -> None:
         for sock in self.sockets:
             sock.close()
+        if self.log_lock is not None:
+            os.close(self.log_lock)  # the supervisor's copy keeps the lock
         for fd in (self.wakeup_read, self.wakeup_write):
             os.close(fd)
         for worker in self.workers:
@@ -493,17 +501,29 @@ def supervise(config: BrokerConfig, count: int) -> int:
 
     Blocking, and must be called from the main thread of a process that has no other thread.
     """
+    log_lock: int | None = None
     try:
         check_files(config)
         prepare_data_dir(config.server.data_dir)
         worker_config, sockets = reserve_ports(config)
         worker_config = share_node_limits(worker_config, count)
-    except (PasswordFileError, ACLFileError, TLSConfigError, DataDirError,
+    except (PasswordFileError, ACLFileError, TLSConfigError, DataDirError, LogConfigError,
             ReservationError) as exc:
         log.error("%s", exc)
         return 1 if isinstance(exc, ReservationError) else 2
     try:
-        return Supervisor(worker_config, count, sockets).run()
+        if config.log.enabled:  # the node's log: each worker opens the partitions it leads
+            log_lock = lock_node_log(config.server.data_dir, config.log.partitions)
+    except LogError as exc:
+        for sock in sockets:
+            sock.close()
+        log.error("cannot open the commit log: %s (%s)", exc,
+                  exc.remedy(config.server.data_dir))
+        return 2 if isinstance(exc, LogConfigError) else 1
+    try:
+        return Supervisor(worker_config, count, sockets, log_lock).run()
     finally:
         for sock in sockets:
             sock.close()
+        if log_lock is not None:
+            os.close(log_lock)

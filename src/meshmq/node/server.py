@@ -2,7 +2,9 @@
 
 With ``server.workers`` above 1, ``run_server`` hands over to the supervisor
 (``supervisor.py``), which starts that many worker processes; each runs ``run_worker``: the same
-broker, listening on the shared ports (SO_REUSEPORT) and linked to the other workers.
+broker core, given the cluster's versions of its interfaces (cluster/workers.py), listening on
+the shared ports (SO_REUSEPORT) and linked to the other workers. This module is where the core
+and the cluster are put together: neither imports the other's composition.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from meshmq.broker.broker import Broker
 from meshmq.broker.listeners import ListenerError, Listeners
 from meshmq.broker.statestore import StateError
 from meshmq.broker.tls import TLSConfigError
-from meshmq.cluster.mesh import MeshError
+from meshmq.cluster.sockets import MeshError
 from meshmq.cluster.spec import WorkerSpec, resolve_workers
+from meshmq.cluster.workers import WorkerCluster
 from meshmq.config import BrokerConfig
 from meshmq.log.errors import LogConfigError, LogError
 
@@ -82,6 +85,7 @@ class BrokerServer:
         self.config = config
         self.worker = worker
         self.broker: Broker | None = None
+        self.cluster: WorkerCluster | None = None
         self.port = 0
         self.listeners: Listeners | None = None
 
@@ -89,14 +93,21 @@ class BrokerServer:
         cfg = self.config.server
         loop = asyncio.get_running_loop()
         prepare_data_dir(cfg.data_dir)  # the supervisor checked it too, before forking
-        broker = self.broker = Broker(self.config, loop, self.worker)
-        if self.worker is not None:
-            await broker.join_mesh()  # linked to every peer before sessions are restored
-        broker.start()
+        worker = self.worker
+        if worker is None:
+            broker = self.broker = Broker(self.config, loop)
+            broker.start()
+        else:
+            broker = self.broker = Broker(self.config, loop, worker.index, worker.count,
+                                          open_log=False)
+            cluster = self.cluster = WorkerCluster(broker, worker)
+            await cluster.start()  # linked to every peer before the state is restored
+            broker.start()
+            cluster.started()
         listeners = self.listeners = Listeners(self.config, broker, self.worker is not None)
         wide = [bind for bind in listeners.binds() if not _is_loopback(bind)]
         if self.config.auth.allow_anonymous and wide and (
-                self.worker is None or self.worker.is_leader):  # one warning per node
+                self.worker is None or self.worker.index == 0):  # one warning per node
             log.warning(
                 "ANONYMOUS ACCESS IS ON while listening beyond loopback bind=%s: any client may"
                 " connect; set auth.password_file (and auth.anonymous = \"deny\")", wide[0],
@@ -124,6 +135,8 @@ class BrokerServer:
             self.listeners.close()
         if self.broker is not None:
             self.broker.shutdown()
+        if self.cluster is not None:
+            self.cluster.close()
         if self.listeners is not None:
             await self.listeners.wait_closed()
         if self.broker is not None:
@@ -188,7 +201,7 @@ def run_server(config: BrokerConfig) -> int:
     """Blocking entry point used by ``meshmq serve``."""
     count = resolve_workers(config.server.workers)
     if count > 1:
-        from meshmq.broker.supervisor import supervise
+        from meshmq.node.supervisor import supervise
 
         return supervise(config, count)
     return _run(serve(config))

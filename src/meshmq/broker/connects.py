@@ -1,0 +1,239 @@
+"""CONNECT: admission, authentication, the session's claim, and CONNACK.
+
+Theory of operation
+-------------------
+A CONNECT goes through, in order: the connect rate limit (before any password check, so a
+storm costs no argon2 work), enhanced authentication (none offered yet), authentication
+(maybe off the loop: the connection is held meanwhile), the refusals that need the packet
+(3.1.1 and 3.1 rules), and then the session. If the node has other routers, the session
+directory (broker/interfaces.py) may have to take the client's session over from another one
+first (``claim``): the connection stays held until the session has arrived, and, if it has
+subscriptions, until every peer routes them here (a barrier), so that the CONNACK means the
+same as on one broker. A connection whose session is taken again meanwhile by a newer one
+elsewhere is closed (``supersede``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from functools import partial
+from typing import TYPE_CHECKING
+
+from meshmq.broker.lifecycle import NEVER_EXPIRES, cancel_timers, protocol_name
+from meshmq.broker.message import PositionsRequestError, wants_positions
+from meshmq.logsetup import kv
+from meshmq.mqtt.packets import MQTT_5, Connect
+from meshmq.mqtt.properties import Properties, PropertyId
+from meshmq.mqtt.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from meshmq.broker.broker import Broker
+    from meshmq.broker.protocol import ClientProtocol
+    from meshmq.broker.session import Session
+
+log = logging.getLogger("meshmq.broker")
+
+WORKER_PROPERTY = "meshmq-worker"  # CONNACK user property: the worker serving the connection
+
+
+class Connects:
+    """The CONNECT path of one broker (see the module docstring)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.loop = broker.loop
+        self.pending: dict[str, ClientProtocol] = {}  # client id -> connection waiting a claim
+
+    def on_connect(self, client: ClientProtocol, packet: Connect) -> None:
+        broker = self.broker
+        address = client.peer.rsplit(":", 1)[0]  # "host:port", IPv6 hosts included
+        if not broker.connect_limiter.allow(address, self.loop.time()):
+            # Before any password check, so a connect storm costs no argon2 work.
+            return self.reject(client, ReasonCode.CONNECTION_RATE_EXCEEDED, "connect rate")
+        if PropertyId.AUTHENTICATION_METHOD in packet.properties:
+            # Enhanced authentication hook point (spec 4.12): no method is offered yet.
+            return self.reject(client, ReasonCode.BAD_AUTHENTICATION_METHOD, "auth method")
+        code = broker.authenticator.check(
+            packet, lambda code: self._authenticated(client, packet, code, resume=True)
+        )
+        if code is None:
+            client.hold()
+        else:
+            self._authenticated(client, packet, code, resume=False)
+
+    def _authenticated(
+        self, client: ClientProtocol, packet: Connect, code: int, resume: bool
+    ) -> None:
+        if client.gone:
+            return
+        if code:
+            self.reject(client, code, "authentication")
+            client.close()
+        elif packet.client_id and self._refusal(packet, client.conn.version == MQTT_5) is None \
+                and self.broker.directory.claim(packet.client_id, packet.clean_start,
+                                                partial(self._claimed, client, packet)):
+            # Another router may hold this client's session: it comes here first.
+            if client.held is None:
+                client.hold()
+            old = self.pending.get(packet.client_id)
+            if old is not None and old is not client:
+                self._supersede(old)
+            self.pending[packet.client_id] = client
+            return
+        else:
+            self.accept(client, packet, claimed=False)
+        if resume:
+            client.release()
+
+    def _claimed(self, client: ClientProtocol, packet: Connect, adopted: list[Session]) -> None:
+        """The session directory answered: adopt what came, then connect."""
+        client_id = packet.client_id
+        if self.pending.get(client_id) is client:
+            del self.pending[client_id]
+        broker = self.broker
+        for session in adopted:
+            broker.subscribes.sync_catchup(session)
+            session.connecting = not client.gone  # QoS 0 waits for the CONNACK, as on one broker
+        broker.directory.settled(client_id, adopted)
+        if not client.gone and any(session.subscriptions for session in adopted):
+            # CONNACK once every peer routes the moved subscriptions here.
+            broker.peers.barrier(partial(self._connect_claimed, client, packet, adopted))
+            return
+        self._connect_claimed(client, packet, adopted)
+
+    def _connect_claimed(self, client: ClientProtocol, packet: Connect,
+                         adopted: list[Session]) -> None:
+        if client.gone:  # the new connection went away meanwhile: what it adopted waits here
+            for session in adopted:
+                session.connecting = False
+                if session.client is None and session.expiry_handle is None \
+                        and self.broker.sessions.get(session.client_id) is session:
+                    self.broker.lifecycle.start_expiry(session)
+                    self.broker.keeper.detached(session)
+            return
+        self.accept(client, packet, claimed=True)
+        client.release()
+
+    def supersede(self, client_id: str) -> None:
+        """A newer connection elsewhere took this client's session while ours waited for it."""
+        client = self.pending.pop(client_id, None)
+        if client is not None:
+            self._supersede(client)
+
+    def _supersede(self, client: ClientProtocol) -> None:
+        log.info("connection superseded by a newer one for the same client id client_id=%s "
+                 "peer=%s", client.client_id or "-", client.peer)
+        client.close_reason = "superseded before CONNACK"
+        client.rejected = True
+        client.close()
+
+    # ------------------------------------------------------------------ accepting
+
+    def accept(self, client: ClientProtocol, packet: Connect, claimed: bool) -> None:
+        """Connect ``client`` to its session (resumed or new) and send CONNACK. ``claimed``:
+        the session directory has this router down as the session's holder already."""
+        broker = self.broker
+        conn = client.conn
+        cfg = broker.config.mqtt
+        v5 = conn.version == MQTT_5
+        client_id = packet.client_id
+        assigned = None
+        refusal = self._refusal(packet, v5)
+        if refusal is not None:
+            return self.reject(client, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, refusal)
+        try:  # log positions on delivery only if this CONNECT asks (docs/replay.md)
+            client.log_positions = v5 and wants_positions(packet.properties)
+        except PositionsRequestError as error:
+            return self.reject(client, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, str(error))
+        if not client_id:
+            client_id = assigned = f"auto-{uuid.uuid4().hex}"  # MQTT-3.1.3-6
+        keep_alive = packet.keep_alive
+        if keep_alive > cfg.max_keepalive or (keep_alive == 0 and cfg.max_keepalive < 65535):
+            keep_alive = cfg.max_keepalive  # returned as Server Keep Alive (MQTT-3.2.2-21)
+        expiry = self._session_expiry(packet, v5)
+        now = self.loop.time()
+        lifecycle = broker.lifecycle
+        existing = broker.sessions.get(client_id)
+        if existing is not None and existing.client is not None:
+            lifecycle.take_over(existing.client)  # type: ignore[arg-type]
+            existing = broker.sessions.get(client_id)
+        if existing is not None and packet.clean_start:
+            lifecycle.end_session(existing, now)
+            existing = None
+        session_present = existing is not None
+        session = existing
+        if session is None:
+            session = lifecycle.new_session(client_id)
+            if not claimed:
+                broker.directory.created(session)  # no claim registered it
+        cancel_timers(session)
+        session.expiry_interval = expiry
+        session.will = packet.will
+        lifecycle.set_user(session, packet.username)
+        client.session = session
+        client.client_id = client_id
+        conn.outgoing_alias_maximum = cfg.broker_topic_aliases
+        props = self._connack_properties(packet, assigned, keep_alive, expiry) if v5 else None
+        conn.send_connack(0, session_present, props)
+        broker.counters["connects"] += 1
+        client.connected(keep_alive)
+        log.log(lifecycle.connection_log_level, "client connected", extra=kv(
+            client_id=client_id, peer=client.peer, protocol=protocol_name(conn.version),
+            clean=packet.clean_start, present=session_present, keep_alive=keep_alive))
+        broker.keeper.connected(session)
+        session.attach(client, now)
+
+    def _refusal(self, packet: Connect, v5: bool) -> str | None:
+        """Why a CONNECT that passed authentication is refused (0x85 / 3.1.1 code 2)."""
+        if v5:
+            return None
+        if not packet.client_id and not packet.clean_start:
+            return "empty id"
+        max_keepalive = self.broker.config.mqtt.max_keepalive
+        if packet.keep_alive > max_keepalive or (packet.keep_alive == 0 and max_keepalive < 65535):
+            return "keep alive above maximum"  # 3.1.1 cannot be told less: refuse, as Mosquitto
+        return None
+
+    def _session_expiry(self, packet: Connect, v5: bool) -> int:
+        if v5:
+            requested = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+        else:
+            requested = 0 if packet.clean_start else NEVER_EXPIRES
+        return min(requested, self.broker.config.session.max_session_expiry)  # type: ignore[type-var]
+
+    def _connack_properties(
+        self, packet: Connect, assigned: str | None, keep_alive: int, expiry: int
+    ) -> Properties:
+        cfg = self.broker.config.mqtt
+        props: Properties = {
+            PropertyId.RECEIVE_MAXIMUM: cfg.receive_maximum,
+            PropertyId.MAXIMUM_PACKET_SIZE: cfg.max_packet_size,
+            PropertyId.TOPIC_ALIAS_MAXIMUM: cfg.topic_alias_maximum,
+        }
+        if assigned is not None:
+            props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = assigned
+        if self.broker.index is not None:  # which worker serves it (docs/workers.md)
+            props[PropertyId.USER_PROPERTY] = [(WORKER_PROPERTY, str(self.broker.index))]
+        if keep_alive != packet.keep_alive:
+            props[PropertyId.SERVER_KEEP_ALIVE] = keep_alive  # MQTT-3.2.2-21
+        if expiry != packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0):
+            props[PropertyId.SESSION_EXPIRY_INTERVAL] = expiry
+        if cfg.max_qos < 2:
+            props[PropertyId.MAXIMUM_QOS] = cfg.max_qos
+        for pid, enabled in (
+            (PropertyId.RETAIN_AVAILABLE, cfg.retain_available),
+            (PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE, cfg.wildcard_subscriptions),
+            (PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE, cfg.subscription_identifiers),
+            (PropertyId.SHARED_SUBSCRIPTION_AVAILABLE, cfg.shared_subscriptions),
+        ):
+            if not enabled:
+                props[pid] = 0
+        return props
+
+    def reject(self, client: ClientProtocol, code: int, why: str) -> None:
+        broker = self.broker
+        broker.counters["rejected"] += 1
+        log.info("connection refused peer=%s reason=0x%02X why=%r", client.peer, code, why)
+        client.rejected = True
+        client.conn.send_connack(code)

@@ -1,0 +1,214 @@
+"""PUBLISH and its acknowledgements: into the log when persisted, routed, acknowledged.
+
+Theory of operation
+-------------------
+A publish on a persisted topic at QoS 1/2 is appended to the commit log first
+(``PartitionLog.append``, broker/interfaces.py) and only routed and acknowledged once the
+outcome says it is durable:
+
+* ``Stored``: in a partition this router leads; it gets its position, the partition's high
+  watermark passes it, and it is routed here (and forwarded to the peers with a match);
+* ``StoredElsewhere``: the partition's leader (another router of the node) stored and routed
+  it; only the acknowledgement is left to do here;
+* ``Refused``: 5.0 gets a PUBACK/PUBREC with the reason code; 3.1.1 cannot be told no, so its
+  connection is closed and it resends.
+
+So a PUBACK means as durable as ``log.fsync`` promises, and subscribers never see a message
+the log does not hold. Other publishes are routed at once. A retained publish is stored as
+retained (``RetainedMessages.keep``) after routing, and acknowledged once that is durable.
+Inbound QoS 2 uses "method B" (spec 4.3.3): routed at PUBLISH, its packet id remembered until
+PUBREL, so a resent PUBLISH is acknowledged, not routed again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from meshmq.broker.interfaces import AppendOutcome, Refused, Stored, StoredElsewhere
+from meshmq.broker.message import Message
+from meshmq.mqtt.packets import MQTT_5, Puback, Pubcomp, Publish, Pubrec, Pubrel
+from meshmq.mqtt.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from meshmq.broker.broker import Broker
+    from meshmq.broker.protocol import ClientProtocol
+
+log = logging.getLogger("meshmq.broker")
+
+
+class Publishes:
+    """The publish path of one broker (see the module docstring)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.loop = broker.loop
+        self.router = broker.router
+
+    def on_publish(self, client: ClientProtocol, packet: Publish) -> None:
+        session = client.session
+        conn = client.conn
+        qos = packet.qos
+        if qos == 2 and packet.packet_id in session.qos2_in:
+            if packet.packet_id not in session.qos2_pending:
+                conn.send_pubrec(packet.packet_id)  # resend of a message already routed
+            return  # (a pending one is acknowledged when its append completes)
+        broker = self.broker
+        acl = broker.acl
+        if acl is not None and not acl.can_publish(session.username, session.client_id,
+                                                   packet.topic):
+            return self._denied(client, packet)
+        now = self.loop.time()
+        message = Message(
+            packet.topic, packet.payload, qos, packet.retain, packet.properties,
+            session.client_id, now,
+        )
+        persistence = broker.persistence
+        if persistence is not None and persistence.wants(packet.topic, qos):
+            return self._persist(client, packet, message)
+        self._route_and_ack(client, packet, message, now)
+
+    def _route_and_ack(
+        self, client: ClientProtocol, packet: Publish, message: Message, now: float
+    ) -> None:
+        receivers = self.router.publish(message, now)
+        qos = packet.qos
+        if message.retain:  # the retained store changes: acknowledge once that is on disk
+            self.broker.retained.keep(message, partial(
+                self._acknowledge, client, packet, receivers) if qos else None)
+            return
+        if qos:
+            self._acknowledge(client, packet, receivers)
+
+    def _acknowledge(self, client: ClientProtocol, packet: Publish, receivers: int) -> None:
+        if client.gone:
+            return  # the publisher resends (DUP) on its next connection
+        conn = client.conn
+        code = 0 if receivers or conn.version != MQTT_5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
+        if packet.qos == 1:
+            conn.send_puback(packet.packet_id, code)
+        else:
+            client.session.qos2_in.add(packet.packet_id)
+            conn.send_pubrec(packet.packet_id, code)
+        client.wake()
+
+    def _persist(self, client: ClientProtocol, packet: Publish, message: Message) -> None:
+        """Append to the commit log; route and acknowledge only once durable."""
+        session = client.session
+        if packet.qos == 2:
+            session.qos2_in.add(packet.packet_id)
+            session.qos2_pending.add(packet.packet_id)
+
+        def durable(outcome: AppendOutcome) -> None:
+            session.qos2_pending.discard(packet.packet_id)
+            attached = session.client is client and not client.gone
+            if isinstance(outcome, Refused):
+                return self._persist_failed(client, packet, outcome)
+            if isinstance(outcome, StoredElsewhere):  # its leader stored and routed it
+                if attached:
+                    self._acknowledge(client, packet, outcome.receivers)
+                return
+            self._stored(message, outcome)
+            if attached:
+                self._route_and_ack(client, packet, message, self.loop.time())
+                client.wake()
+            else:  # the publisher left: route anyway (it is durable), its resend acks itself
+                self.router.publish(message, self.loop.time())
+
+        if not self.broker.persistence.append(message, session.client_id, durable):  # type: ignore[union-attr]
+            session.qos2_pending.discard(packet.packet_id)
+            session.qos2_in.discard(packet.packet_id)
+            self._refuse(client, packet, ReasonCode.QUOTA_EXCEEDED, "log queue full")
+
+    def _stored(self, message: Message, outcome: Stored) -> None:
+        message.set_position(outcome.partition, outcome.offset)
+        self.broker.persistence.routed(outcome.partition, outcome.offset)  # type: ignore[union-attr]
+
+    def route_stored(self, message: Message, outcome: Stored,
+                     done: Callable[[int], None]) -> None:
+        """A message stored here for another router's publisher (the partition is led here):
+        route it, store it as retained if flagged, then ``done(receivers)``."""
+        self._stored(message, outcome)
+        receivers = self.router.publish(message, self.loop.time())
+        if message.retain:
+            self.broker.retained.keep(message, partial(done, receivers))
+        else:
+            done(receivers)
+
+    def publish_unacknowledged(self, message: Message, client_id: str) -> None:
+        """A message nobody waits an acknowledgement for (a will): like any publish, in the
+        log first when persisted, then routed (and kept as retained if flagged)."""
+        persistence = self.broker.persistence
+        if persistence is not None and persistence.wants(message.topic, message.qos):
+            def durable(outcome: AppendOutcome) -> None:
+                if isinstance(outcome, StoredElsewhere):
+                    return  # its leader stored and routed it
+                if isinstance(outcome, Stored):
+                    self._stored(message, outcome)
+                else:
+                    log.warning("will not persisted client_id=%s: %s", client_id, outcome.why)
+                self._route(message)
+
+            if persistence.append(message, client_id, durable):
+                return
+            log.warning("will not persisted, log queue full client_id=%s", client_id)
+        self._route(message)
+
+    def _route(self, message: Message) -> None:
+        self.router.publish(message, self.loop.time())
+        if message.retain:
+            self.broker.retained.keep(message, None)
+
+    def _persist_failed(self, client: ClientProtocol, packet: Publish, outcome: Refused) -> None:
+        counters = self.broker.counters
+        failures = counters["log_failures"] = counters["log_failures"] + 1
+        if failures == 1 or failures % 1000 == 0:  # one line per outage, not one per publish
+            log.error("commit log append failed topic=%r error=%r failures=%d", packet.topic,
+                      outcome.why, failures)
+        client.session.qos2_in.discard(packet.packet_id)
+        if not client.gone:
+            self._refuse(client, packet, outcome.reason_code, "log failure")
+            client.wake()
+
+    def _refuse(self, client: ClientProtocol, packet: Publish, code: int, why: str) -> None:
+        """5.0: a negative PUBACK/PUBREC; 3.1.1 cannot say no, so the connection is closed."""
+        self.broker.counters["refused_publishes"] += 1
+        if client.conn.version != MQTT_5:
+            return self.broker.protocol_violation(client, code, why)
+        if packet.qos == 1:
+            client.conn.send_puback(packet.packet_id, code)
+        elif packet.qos == 2:
+            client.conn.send_pubrec(packet.packet_id, code)
+
+    def _denied(self, client: ClientProtocol, packet: Publish) -> None:
+        """5.0: acknowledge with 0x87; 3.1.1 has no way to say no: acknowledge and drop."""
+        self.broker.counters["acl_denied"] += 1
+        log.info("publish denied client_id=%s topic=%r", client.client_id, packet.topic)
+        conn = client.conn
+        code = ReasonCode.NOT_AUTHORIZED if conn.version == MQTT_5 else 0
+        if packet.qos == 1:
+            conn.send_puback(packet.packet_id, code)
+        elif packet.qos == 2:
+            conn.send_pubrec(packet.packet_id, code)
+            if not code:
+                client.session.qos2_in.add(packet.packet_id)
+
+    # ------------------------------------------------------------------ acknowledgements in
+
+    def on_puback(self, client: ClientProtocol, packet: Puback) -> None:
+        client.session.on_puback(packet.packet_id)  # handle_events refills after the batch
+
+    def on_pubrec(self, client: ClientProtocol, packet: Pubrec) -> None:
+        client.session.on_pubrec(packet.packet_id, packet.reason_code, self.loop.time())
+
+    def on_pubrel(self, client: ClientProtocol, packet: Pubrel) -> None:
+        known = packet.packet_id in client.session.qos2_in
+        client.session.qos2_in.discard(packet.packet_id)
+        client.conn.send_pubcomp(
+            packet.packet_id, 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        )
+
+    def on_pubcomp(self, client: ClientProtocol, packet: Pubcomp) -> None:
+        client.session.on_pubcomp(packet.packet_id, self.loop.time())
