@@ -41,8 +41,14 @@ from pathlib import Path
 from typing import Protocol
 
 from meshbench import BenchError
-from meshbench.brokers import ProcStats, RunningBroker, host_cpu, start_meshmq
-from meshbench.endpoints import Publisher, Subscriber
+from meshbench.brokers import (
+    ProcStats,
+    RunningBroker,
+    commit_log_bytes,
+    host_cpu,
+    start_meshmq,
+)
+from meshbench.endpoints import SIZE, Publisher, Subscriber
 from meshbench.placed import connect_placed, recv_packet, subscribe_packet
 from meshbench.scenarios import IN_FLIGHT, LOG_OFF
 
@@ -131,9 +137,16 @@ def run_case(case: PlacedCase, *, warmup: float, duration: float, pairs: int = 4
                 traffic.drain()
             finally:
                 traffic.close()
-            return traffic.outcome(s0, s1)
+            outcome = traffic.outcome(s0, s1)
         finally:
             broker.stop()
+        outcome["log_bytes"] = persisted = commit_log_bytes(workdir)
+        published = sum(p.generated for p in traffic.pubs)
+        if settings.get("log.enabled") and persisted < published * SIZE:
+            outcome["ok"] = False
+            outcome["problems"].append(  # type: ignore[union-attr]
+                f"the commit log holds {persisted} bytes for {published} persisted messages")
+        return outcome
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

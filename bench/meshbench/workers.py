@@ -109,9 +109,16 @@ def run_scaling(load: Scenario, workers: int, ctx: Context, pin: bool = True) ->
         if figures.get("rate"):  # each worker's share of the CPU per message
             figures[name.replace("_cpu_pct", "_us_per_msg")] = (
                 1e4 * figures[name] / figures["rate"])
-    place: dict[str, object] = outcome.get("placement") or {}  # type: ignore[assignment]
-    if load.meshmq.get("log.enabled") and "pair_workers" in place:
-        place["appending_fraction"] = appending_fraction(place["pair_workers"], workers)  # type: ignore[arg-type]
+    if load.meshmq.get("log.enabled"):
+        place: dict[str, object] = outcome.get("placement") or {}  # type: ignore[assignment]
+        if "pair_workers" in place:
+            place["appending_fraction"] = appending_fraction(place["pair_workers"], workers)  # type: ignore[arg-type]
+        published = int(lg.get("published", 0) or 0)  # type: ignore[call-overload]
+        persisted = int(outcome.get("log_bytes", 0))  # type: ignore[call-overload]
+        if persisted < published * load.size:  # the records hold the payloads, uncompressed
+            outcome["ok"] = False
+            outcome["problems"].append(  # type: ignore[union-attr]
+                f"the commit log holds {persisted} bytes for {published} persisted messages")
     missing = int(lg.get("missing", 0) or 0)  # type: ignore[call-overload]
     if missing and not load.qos:  # the QoS 1 runs already fail on this
         outcome["ok"] = False
