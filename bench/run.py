@@ -19,7 +19,6 @@ import argparse
 import os
 import platform
 import resource
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -64,20 +63,6 @@ def raise_nofile(needed: int) -> None:
     if hard < needed:
         raise BenchError(f"RLIMIT_NOFILE hard limit is {hard}, the idle scenario needs {needed}"
                          " (ulimit -Hn, or run with --quick)")
-
-
-def tree_state() -> dict[str, object]:
-    """The meshmq source measured: commit, and files under src/ changed since (others may be
-    editing the tree while the benchmark runs)."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                              check=False)
-        return done.stdout if done.returncode == 0 else ""
-
-    changed = [line[3:] for line in git("status", "--porcelain", "--", "src").splitlines()]
-    return {"commit": git("rev-parse", "HEAD").strip() or None, "changed_in_src": changed}
 
 
 def summary_line(scenario: Scenario, broker: str, outcome: dict[str, object]) -> str:
@@ -125,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         select(suite(args.quick), list(profile_names))  # unknown names fail now, not later
         ctx.profile_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
     load_before = os.getloadavg()
-    tree = tree_state()
+    tree = report.tree_state()
     started = time.monotonic()
     results: report.Results = {}
     print(f"bench: {len(scenarios)} scenarios x {brokers}, warm-up {timing.warmup:g} s, "

@@ -9,10 +9,11 @@
 * ``runner``: runs one scenario against one broker and turns the numbers into figures;
 * ``profiling``: py-spy on meshmq during a scenario's window, summarised by function;
 * ``report``: the table of figures and ratios, the JSON file and the plot;
-* ``workers``, ``linkcost``, ``placed``, ``placement``: the ``server.workers`` benchmark
-  (``bench/workers.py``): its loads and tables, the link-cost scenario, an MQTT 5.0 client that
-  picks its worker, and which worker serves each load generator
-  connection.
+* ``workers``, ``linkcost``, ``appendcost``, ``placed``, ``endpoints``, ``placement``: the
+  ``server.workers`` benchmark (``bench/workers.py``): its loads and tables, the link-cost
+  scenario, the append-cost cases (a persisted publish sent to its partition's leader), an
+  MQTT 5.0 client that picks its worker, its publishers and subscribers (QoS 0 and 1), and
+  which worker serves each load generator connection.
 """
 
 from __future__ import annotations

@@ -297,6 +297,14 @@ def start_meshmq(workdir: Path, settings: dict[str, object], cpus: str | None) -
     return broker
 
 
+def commit_log_bytes(workdir: Path) -> int:
+    """Bytes in the commit log's segment files (``*.log`` under ``data/log``) of a node that
+    ``start_meshmq(workdir, ...)`` ran: with the log on, at least the payloads it persisted
+    (records are stored uncompressed, docs/log-format.md). 0 with the log off."""
+    return sum(f.stat().st_size for f in (workdir / "data" / "log").rglob("*.log")
+               if f.is_file())
+
+
 def find_mosquitto() -> str | None:
     return shutil.which("mosquitto") or next(
         (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)),

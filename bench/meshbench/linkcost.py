@@ -17,6 +17,11 @@ worker (routes cross the link asynchronously) and no message is lost to that rac
 window, publishing stops and the subscribers drain; a message missing, duplicated or foreign
 fails the run.
 
+The same traffic runs at QoS 1 for ``appendcost`` (persisted publishes): publishes and
+subscriptions at QoS 1, each publisher at most ``WINDOW`` publishes unacknowledged, every
+PUBACK checked (``endpoints``). A case is anything shaped like ``PlacedCase``: its node's
+settings, each pair's topic, and where each client must land.
+
 Cases (``CASES``): ``single``: one worker (``server.workers = 1``, no mesh); ``local``: two
 workers, publishers and subscribers all on worker 0; ``forwarded``: two workers, publishers on
 worker 0 and subscribers on worker 1, so every message crosses the link once (encoded, written,
@@ -29,30 +34,46 @@ from __future__ import annotations
 
 import selectors
 import shutil
-import socket
-import struct
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from meshbench import BenchError
-from meshbench.brokers import LOSSLESS_MESHMQ, ProcStats, RunningBroker, host_cpu, start_meshmq
-from meshbench.placed import (
-    connect_placed,
-    publish_packet,
-    read_varint,
-    recv_packet,
-    subscribe_packet,
+from meshbench.brokers import (
+    ProcStats,
+    RunningBroker,
+    commit_log_bytes,
+    host_cpu,
+    start_meshmq,
 )
-from meshbench.scenarios import IN_FLIGHT
+from meshbench.endpoints import SIZE, Publisher, Subscriber
+from meshbench.placed import connect_placed, recv_packet, subscribe_packet
+from meshbench.scenarios import IN_FLIGHT, LOG_OFF
 
-MAGIC = 0x4D514C47  # "MQLG", as bench/loadgen.c
-PROBE = 0x50524F42  # "PROB": a probe message, not counted
-PAYLOAD = struct.Struct("<IIQ")  # publisher index, magic, sequence (native order, as loadgen)
-SIZE = 64
 CHUNK = 256  # messages encoded per send
 DRAIN_QUIET = 2.0  # seconds without a delivery after which the drain stops
+WINDOW = 1024  # QoS 1: publishes a publisher leaves unacknowledged (meshmq's receive maximum)
+
+
+class PlacedCase(Protocol):
+    """What ``run_case`` needs of a case (``LinkCase`` here, ``appendcost.AppendCase``)."""
+
+    name: str
+    workers: int
+    qos: int  # of the publishes and of the subscriptions
+
+    def settings(self) -> dict[str, object]:
+        """meshmq settings of the node (``server.workers`` is added)."""
+        ...
+
+    def topic(self, pair: int) -> str: ...
+
+    def worker_of(self, role: str, pair: int) -> int | None:
+        """Where pair ``pair``'s publisher (role "p") or subscriber ("s") must land (None:
+        wherever it lands)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -63,9 +84,15 @@ class LinkCase:
     subscribers_on: int | None
     title: str
     spread: bool = False  # pair i on worker i % workers instead (both ends on one worker)
+    qos: int = 0
+
+    def settings(self) -> dict[str, object]:
+        return dict(LOG_OFF)
+
+    def topic(self, pair: int) -> str:
+        return f"bench/link/{pair}"
 
     def worker_of(self, role: str, pair: int) -> int | None:
-        """Where pair ``pair``'s publisher (role "p") or subscriber ("s") must land."""
         if self.spread:
             return pair % self.workers
         return self.publishers_on if role == "p" else self.subscribers_on
@@ -77,118 +104,6 @@ CASES = (
     LinkCase("forwarded", 2, 0, 1, "2 workers, publisher on worker 0, subscriber on worker 1"),
     LinkCase("spread", 2, None, None, "2 workers, pair i on worker i % 2 (all local)", True),
 )
-
-
-# ---------------------------------------------------------------------------- the traffic
-
-
-class Subscriber:
-    __slots__ = ("buf", "dups", "foreign", "gaps", "index", "next_seq", "probed", "received",
-                 "sock", "worker")
-
-    def __init__(self, index: int, sock: socket.socket, worker: int | None) -> None:
-        self.index = index
-        self.sock = sock
-        self.worker = worker
-        self.buf = b""
-        self.next_seq = 0
-        self.received = 0  # valid messages
-        self.dups = self.gaps = self.foreign = 0
-        self.probed = False
-
-    def feed(self, data: bytes) -> None:
-        """Parse every complete PUBLISH and check its sequence."""
-        buf = self.buf + data if self.buf else data
-        size = len(buf)
-        pos = 0
-        unpack = PAYLOAD.unpack_from
-        index = self.index
-        while size - pos >= 2:
-            length, mult, at = 0, 1, pos + 1
-            while at < size:
-                byte = buf[at]
-                at += 1
-                length += (byte & 0x7F) * mult
-                mult *= 128
-                if byte < 0x80:
-                    break
-            else:
-                break
-            end = at + length
-            if end > size:
-                break
-            first = buf[pos]
-            pos = end
-            if first >> 4 != 3:
-                continue  # SUBACK and the like
-            at += 2 + (buf[at] << 8 | buf[at + 1])
-            if first & 0x06:
-                at += 2  # packet id (we subscribe at QoS 0, so never)
-            plen = buf[at]  # the property length: one byte unless 128 or more
-            if plen < 0x80:
-                at += 1 + plen
-            else:
-                plen, at = read_varint(buf, at)
-                at += plen
-            if end - at < PAYLOAD.size:
-                self.foreign += 1
-                continue
-            pub, magic, seq = unpack(buf, at)
-            if magic == PROBE and pub == index:
-                self.probed = True
-            elif magic != MAGIC or pub != index:
-                self.foreign += 1
-            elif seq == self.next_seq:
-                self.next_seq = seq + 1
-                self.received += 1
-            elif seq < self.next_seq:
-                self.dups += 1
-            else:
-                self.gaps += seq - self.next_seq
-                self.next_seq = seq + 1
-                self.received += 1
-        self.buf = buf[pos:]
-
-
-class Publisher:
-    __slots__ = ("frame", "generated", "index", "out", "seq_at", "sock", "worker")
-
-    def __init__(self, index: int, sock: socket.socket, worker: int | None, topic: str) -> None:
-        self.index = index
-        self.sock = sock
-        self.worker = worker
-        payload = PAYLOAD.pack(index, MAGIC, 0) + bytes(SIZE - PAYLOAD.size)
-        self.frame = publish_packet(topic, payload)
-        self.seq_at = len(self.frame) - SIZE + 8
-        self.generated = 0
-        self.out = memoryview(b"")
-
-    def probe(self) -> None:
-        payload = PAYLOAD.pack(self.index, PROBE, 0) + bytes(SIZE - PAYLOAD.size)
-        self.sock.setblocking(True)
-        self.sock.sendall(self.frame[:len(self.frame) - SIZE] + payload)
-        self.sock.setblocking(False)
-
-    def refill(self, count: int) -> None:
-        frame, step, seq_at = self.frame, len(self.frame), self.seq_at
-        chunk = bytearray(frame * count)
-        pack = struct.Struct("<Q").pack_into
-        seq = self.generated
-        for offset in range(seq_at, seq_at + step * count, step):
-            pack(chunk, offset, seq)
-            seq += 1
-        self.generated = seq
-        self.out = memoryview(chunk)
-
-    def flush(self) -> bool:
-        """Write what is pending; True when all of it went."""
-        while self.out:
-            try:
-                sent = self.sock.send(self.out)
-            except BlockingIOError:
-                return False
-            self.out = self.out[sent:]
-        return True
 
 
 @dataclass
@@ -207,153 +122,214 @@ def _broker_sample(broker: RunningBroker) -> dict[int, ProcStats]:
     return {0: broker.stats()}
 
 
-def run_case(case: LinkCase, *, warmup: float, duration: float, pairs: int = 4,
+def run_case(case: PlacedCase, *, warmup: float, duration: float, pairs: int = 4,
              cpus: str | None = None) -> dict[str, object]:
     """Start meshmq for ``case``, place the clients, measure a window; return the outcome."""
     workdir = Path(tempfile.mkdtemp(prefix="meshbench-link-"))
-    settings: dict[str, object] = {"server.workers": case.workers, "log.enabled": False,
-                                   **LOSSLESS_MESHMQ}
+    settings: dict[str, object] = {"server.workers": case.workers, **case.settings()}
     try:
         broker = start_meshmq(workdir, settings, cpus)
         try:
-            return _traffic(case, broker, warmup, duration, pairs)
+            traffic = Traffic(case, broker, pairs)
+            try:
+                traffic.probe()
+                s0, s1 = traffic.measure(warmup, duration)
+                traffic.drain()
+            finally:
+                traffic.close()
+            outcome = traffic.outcome(s0, s1)
         finally:
             broker.stop()
+        outcome["log_bytes"] = persisted = commit_log_bytes(workdir)
+        published = sum(p.generated for p in traffic.pubs)
+        if settings.get("log.enabled") and persisted < published * SIZE:
+            outcome["ok"] = False
+            outcome["problems"].append(  # type: ignore[union-attr]
+                f"the commit log holds {persisted} bytes for {published} persisted messages")
+        return outcome
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _traffic(case: LinkCase, broker: RunningBroker, warmup: float, duration: float,
-             pairs: int) -> dict[str, object]:
-    problems: list[str] = []
-    lead = max(1, IN_FLIGHT // pairs)
-    subs: list[Subscriber] = []
-    pubs: list[Publisher] = []
-    attempts = 0
-    for i in range(pairs):  # subscribers first: their routes reach the other worker meanwhile
-        sock, worker, tries, pending = connect_placed(broker.port, f"s{i}", case.worker_of("s", i))
-        attempts += tries
-        sock.sendall(subscribe_packet(f"bench/link/{i}"))
-        first, body = recv_packet(sock, pending)
-        if first >> 4 != 9 or body[-1] >= 0x80:
-            raise BenchError(f"SUBACK refused or missing: {first:#x} {body.hex()}")
-        sub = Subscriber(i, sock, worker)
-        if pending:
-            sub.feed(bytes(pending))
-        subs.append(sub)
-    for i in range(pairs):
-        sock, worker, tries, _ = connect_placed(broker.port, f"p{i}", case.worker_of("p", i))
-        attempts += tries
-        pubs.append(Publisher(i, sock, worker, f"bench/link/{i}"))
-    selector = selectors.DefaultSelector()
-    for sub in subs:
-        sub.sock.setblocking(False)
-        selector.register(sub.sock, selectors.EVENT_READ, sub)
-    for pub in pubs:
-        pub.sock.setblocking(False)
+class Traffic:
+    """The placed clients of one run, driven by one selector loop: ``probe()``, ``measure()``,
+    ``drain()``, ``close()``, then ``outcome()``."""
 
-    def read_ready(timeout: float) -> None:
-        for key, _ in selector.select(timeout):
-            sub = key.data
-            if sub is None:
+    def __init__(self, case: PlacedCase, broker: RunningBroker, pairs: int) -> None:
+        self.case = case
+        self.broker = broker
+        self.lead = max(1, IN_FLIGHT // pairs)
+        self.window = min(WINDOW, self.lead)
+        self.subs: list[Subscriber] = []
+        self.pubs: list[Publisher] = []
+        self.attempts = 0
+        self.writing: set[int] = set()  # publishers registered for EVENT_WRITE
+        self.selector = selectors.DefaultSelector()
+        self._connect(pairs)
+
+    def _connect(self, pairs: int) -> None:
+        case = self.case
+        for i in range(pairs):  # subscribers first: their routes reach the other worker meanwhile
+            sock, worker, tries, pending = connect_placed(self.broker.port, f"s{i}",
+                                                          case.worker_of("s", i))
+            self.attempts += tries
+            sock.sendall(subscribe_packet(case.topic(i), case.qos))
+            first, body = recv_packet(sock, pending)
+            if first >> 4 != 9 or body[-1] >= 0x80:
+                raise BenchError(f"SUBACK refused or missing: {first:#x} {body.hex()}")
+            sub = Subscriber(i, sock, worker)
+            if pending:
+                sub.feed(bytes(pending))
+            self.subs.append(sub)
+        for i in range(pairs):
+            sock, worker, tries, _ = connect_placed(self.broker.port, f"p{i}",
+                                                    case.worker_of("p", i))
+            self.attempts += tries
+            self.pubs.append(Publisher(i, sock, worker, case.topic(i), case.qos))
+        for sub in self.subs:
+            sub.sock.setblocking(False)
+            self.selector.register(sub.sock, selectors.EVENT_READ, sub)
+        for pub in self.pubs:
+            pub.sock.setblocking(False)
+            if case.qos:  # its PUBACKs
+                self.selector.register(pub.sock, selectors.EVENT_READ, pub)
+
+    def _want_write(self, pub: Publisher, wanted: bool) -> None:
+        if wanted == (pub.index in self.writing):
+            return
+        if wanted:
+            self.writing.add(pub.index)
+        else:
+            self.writing.discard(pub.index)
+        events = (selectors.EVENT_WRITE if wanted else 0) | (
+            selectors.EVENT_READ if self.case.qos else 0)
+        if not events:
+            self.selector.unregister(pub.sock)
+        elif wanted and not self.case.qos:
+            self.selector.register(pub.sock, events, None)
+        else:
+            self.selector.modify(pub.sock, events, pub)
+
+    def read_ready(self, timeout: float) -> None:
+        for key, events in self.selector.select(timeout):
+            end = key.data
+            if end is None or not events & selectors.EVENT_READ:
                 continue  # a publisher's socket can take more: the main loop writes
             try:
-                data = sub.sock.recv(1 << 20)
+                data = end.sock.recv(1 << 20)
             except BlockingIOError:
                 continue
             if not data:
-                raise BenchError(f"the broker closed subscriber {sub.index}")
-            sub.feed(data)
+                kind = "subscriber" if isinstance(end, Subscriber) else "publisher"
+                raise BenchError(f"the broker closed {kind} {end.index}")
+            end.feed(data)
+        for sub in self.subs:
+            if sub.acks:
+                sub.flush_acks()
 
-    # Probes until every subscriber hears its publisher: the route is in place everywhere.
-    deadline = time.monotonic() + 10.0
-    while not all(s.probed for s in subs):
-        if time.monotonic() > deadline:
-            raise BenchError("probe messages did not arrive within 10 s")
-        for pub, sub in zip(pubs, subs, strict=True):
-            if not sub.probed:
-                pub.probe()
-        read_ready(0.02)
+    def probe(self) -> None:
+        """Probes until every subscriber hears its publisher: the route is in place
+        everywhere."""
+        deadline = time.monotonic() + 10.0
+        while not all(s.probed for s in self.subs):
+            if time.monotonic() > deadline:
+                raise BenchError("probe messages did not arrive within 10 s")
+            for pub, sub in zip(self.pubs, self.subs, strict=True):
+                if not sub.probed:
+                    pub.probe()
+            self.read_ready(0.02)
 
-    def sample() -> Sample:
-        return Sample(time.monotonic(), sum(s.received for s in subs),
-                      sum(p.generated for p in pubs), time.process_time(),
-                      _broker_sample(broker), host_cpu())
+    def sample(self) -> Sample:
+        return Sample(time.monotonic(), sum(s.received for s in self.subs),
+                      sum(p.generated for p in self.pubs), time.process_time(),
+                      _broker_sample(self.broker), host_cpu())
 
-    start = time.monotonic()
-    window_at, end_at = start + warmup, start + warmup + duration
-    s0: Sample | None = None
-    s1: Sample | None = None
-    writing: set[int] = set()
-    while s1 is None:
-        now = time.monotonic()
-        if s0 is None and now >= window_at:
-            s0 = sample()
-        elif s0 is not None and now >= end_at:
-            s1 = sample()
-            break
-        for pub, sub in zip(pubs, subs, strict=True):
-            if not pub.out:
-                allowed = lead - (pub.generated - sub.next_seq)
-                if allowed > 0:
-                    pub.refill(min(allowed, CHUNK))
-            done = pub.flush()
-            if not done and pub.index not in writing:
-                selector.register(pub.sock, selectors.EVENT_WRITE, None)
-                writing.add(pub.index)
-            elif done and pub.index in writing:
-                selector.unregister(pub.sock)
-                writing.discard(pub.index)
-        read_ready(min(0.01, max(0.0, (end_at if s0 else window_at) - now)))
-    for pub in pubs:  # the rest of what was generated, then drain
-        if pub.index in writing:
-            selector.unregister(pub.sock)
-        pub.sock.setblocking(True)
-        pub.sock.sendall(pub.out)
-        pub.out = memoryview(b"")
-    quiet_since, last = time.monotonic(), -1
-    while any(s.next_seq < p.generated for s, p in zip(subs, pubs, strict=True)):
-        total = sum(s.received for s in subs)
-        if total != last:
-            quiet_since, last = time.monotonic(), total
-        elif time.monotonic() - quiet_since > DRAIN_QUIET:
-            break
-        read_ready(0.05)
-    selector.close()
-    for conn in [*pubs, *subs]:
-        try:
-            conn.sock.setblocking(True)
-            conn.sock.sendall(b"\xe0\x00")
-        except OSError:
-            pass
-        conn.sock.close()
+    def measure(self, warmup: float, duration: float) -> tuple[Sample, Sample]:
+        """Publish as fast as the lead (and at QoS 1 the window) allows; the samples at the
+        edges of the window."""
+        start = time.monotonic()
+        window_at, end_at = start + warmup, start + warmup + duration
+        s0: Sample | None = None
+        qos, lead, window = self.case.qos, self.lead, self.window
+        while True:
+            now = time.monotonic()
+            if s0 is None and now >= window_at:
+                s0 = self.sample()
+            elif s0 is not None and now >= end_at:
+                return s0, self.sample()
+            for pub, sub in zip(self.pubs, self.subs, strict=True):
+                if not pub.out:
+                    allowed = lead - (pub.generated - sub.next_seq)
+                    if qos:
+                        allowed = min(allowed, window - pub.in_flight())
+                    if allowed > 0:
+                        pub.refill(min(allowed, CHUNK))
+                self._want_write(pub, not pub.flush())
+            self.read_ready(min(0.01, max(0.0, (end_at if s0 else window_at) - now)))
 
-    missing = sum(max(0, p.generated - s.next_seq) + s.gaps
-                  for s, p in zip(subs, pubs, strict=True))
-    dups = sum(s.dups for s in subs)
-    foreign = sum(s.foreign for s in subs)
-    if missing or dups or foreign:
-        problems.append(f"{missing} missing, {dups} duplicated, {foreign} foreign messages")
-    if not broker.alive():
-        problems.append(f"meshmq died: {broker.log_tail(5)}")
-    elif broker.workers and not broker.workers_alive():
-        problems.append("a worker was restarted during the run")
-    for role, conns in (("p", pubs), ("s", subs)):
-        wanted = [case.worker_of(role, c.index) for c in conns]
-        landed = [c.worker for c in conns]
-        if any(w is not None and w != got for w, got in zip(wanted, landed, strict=True)):
-            problems.append(f"{role} clients on workers {landed}, wanted {wanted}")
-    assert s0 is not None and s1 is not None
-    figures = _figures(s0, s1)
-    return {"ok": not problems, "problems": problems, "case": case.name,
-            "workers": case.workers, "figures": figures,
-            "counts": {"published": sum(p.generated for p in pubs),
-                       "delivered": sum(s.received for s in subs), "missing": missing,
-                       "duplicates": dups, "foreign": foreign,
-                       "delivered_window": s1.delivered - s0.delivered,
-                       "connect_attempts": attempts, "pairs": pairs, "lead": lead},
-            "placement": {"publishers": [p.worker for p in pubs],
-                          "subscribers": [s.worker for s in subs]}}
+    def drain(self) -> None:
+        """The rest of what was generated, then read until every message (and at QoS 1 every
+        PUBACK) is in, or nothing moved for ``DRAIN_QUIET`` seconds."""
+        for pub in self.pubs:
+            self._want_write(pub, False)
+            pub.sock.setblocking(True)
+            pub.sock.sendall(pub.out)
+            pub.sock.setblocking(False)
+            pub.out = memoryview(b"")
+        quiet_since, last = time.monotonic(), -1
+        while (any(s.next_seq < p.generated for s, p in zip(self.subs, self.pubs, strict=True))
+               or any(p.in_flight() for p in self.pubs)):
+            progress = sum(s.received for s in self.subs) + sum(p.acked for p in self.pubs)
+            if progress != last:
+                quiet_since, last = time.monotonic(), progress
+            elif time.monotonic() - quiet_since > DRAIN_QUIET:
+                break
+            self.read_ready(0.05)
+
+    def close(self) -> None:
+        self.selector.close()
+        for end in [*self.pubs, *self.subs]:
+            try:
+                end.sock.setblocking(True)
+                end.sock.sendall(b"\xe0\x00")
+            except OSError:
+                pass
+            end.sock.close()
+
+    def outcome(self, s0: Sample, s1: Sample) -> dict[str, object]:
+        """Figures, counts and placement of the run; any miss fails it."""
+        case, broker, pubs, subs = self.case, self.broker, self.pubs, self.subs
+        problems: list[str] = []
+        missing = sum(max(0, p.generated - s.next_seq) + s.gaps
+                      for s, p in zip(subs, pubs, strict=True))
+        dups = sum(s.dups for s in subs)
+        foreign = sum(s.foreign for s in subs)
+        if missing or dups or foreign:
+            problems.append(f"{missing} missing, {dups} duplicated, {foreign} foreign messages")
+        for pub in pubs:
+            problems += pub.problems()
+        if not broker.alive():
+            problems.append(f"meshmq died: {broker.log_tail(5)}")
+        elif broker.workers and not broker.workers_alive():
+            problems.append("a worker was restarted during the run")
+        for role, ends in (("p", pubs), ("s", subs)):
+            wanted = [case.worker_of(role, e.index) for e in ends]
+            landed = [e.worker for e in ends]
+            if any(w is not None and w != got for w, got in zip(wanted, landed, strict=True)):
+                problems.append(f"{role} clients on workers {landed}, wanted {wanted}")
+        counts = {"published": sum(p.generated for p in pubs),
+                  "delivered": sum(s.received for s in subs), "missing": missing,
+                  "duplicates": dups, "foreign": foreign,
+                  "delivered_window": s1.delivered - s0.delivered,
+                  "connect_attempts": self.attempts, "pairs": len(pubs), "lead": self.lead}
+        if case.qos:
+            counts |= {"window": self.window, "acked": sum(p.acked for p in pubs),
+                       "qos1_sent": sum(p.sent for p in pubs)}
+        return {"ok": not problems, "problems": problems, "case": case.name,
+                "workers": case.workers, "qos": case.qos, "figures": _figures(s0, s1),
+                "counts": counts,
+                "placement": {"publishers": [p.worker for p in pubs],
+                              "subscribers": [s.worker for s in subs]}}
 
 
 def _figures(s0: Sample, s1: Sample) -> dict[str, float]:

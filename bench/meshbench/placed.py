@@ -41,12 +41,18 @@ def connect_packet(client_id: str) -> bytes:
     return _frame(0x10, _string("MQTT") + b"\x05\x02\x02\x58\x00" + _string(client_id))
 
 
-def subscribe_packet(topic_filter: str) -> bytes:
-    return _frame(0x82, b"\x00\x01\x00" + _string(topic_filter) + b"\x00")  # id 1, QoS 0
+def subscribe_packet(topic_filter: str, qos: int = 0) -> bytes:
+    # packet id 1, no properties, the filter and its options (the maximum QoS)
+    return _frame(0x82, b"\x00\x01\x00" + _string(topic_filter) + bytes([qos]))
 
 
-def publish_packet(topic: str, payload: bytes) -> bytes:
-    return _frame(0x30, _string(topic) + b"\x00" + payload)  # QoS 0, no properties
+def publish_packet(topic: str, payload: bytes, qos: int = 0, packet_id: int = 0) -> bytes:
+    """A PUBLISH with no properties; at QoS 1 the packet id sits just before the property
+    length byte, 3 bytes before the payload."""
+    if not qos:
+        return _frame(0x30, _string(topic) + b"\x00" + payload)
+    return _frame(0x30 | qos << 1, _string(topic) + struct.pack(">H", packet_id) + b"\x00"
+                  + payload)
 
 
 def read_varint(data: bytes, at: int) -> tuple[int, int]:

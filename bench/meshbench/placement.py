@@ -61,7 +61,8 @@ def summarise(topology: str, pubs: int, subs: int, served_by: list[int],
 
     * fan-in (every subscriber hears every publisher): the fraction of deliveries whose
       publisher is on another worker than the subscriber (they cross the link);
-    * pairs: how many pairs have their publisher and subscriber on different workers.
+    * pairs: how many pairs have their publisher and subscriber on different workers, and
+      each pair's (publisher's worker, subscriber's worker).
     """
     publishers, subscribers = served_by[:pubs], served_by[pubs:pubs + subs]
     out: dict[str, object] = {
@@ -70,6 +71,7 @@ def summarise(topology: str, pubs: int, subs: int, served_by: list[int],
         "complete": len(served_by) >= pubs + subs and -1 not in served_by[:pubs + subs],
     }
     if topology == "pairs":
+        out["pair_workers"] = [[p, s] for p, s in zip(publishers, subscribers, strict=False)]
         crossing = sum(1 for p, s in zip(publishers, subscribers, strict=False) if p != s)
         out["crossing_pairs"] = crossing
         out["crossing_fraction"] = crossing / max(1, min(len(publishers), len(subscribers)))

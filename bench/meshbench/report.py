@@ -10,8 +10,10 @@ is what to compare on a machine whose CPUs are shared with other work.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +141,23 @@ def render_health(results: Results) -> str:
                 ])
     return _grid(["scenario", "broker", "counts", "broker CPU %", "waiting %", "loadgen CPU %",
                   "waiting %", "lost", "problems"], lines)
+
+
+def tree_state() -> dict[str, object]:
+    """The meshmq source measured: commit, files under src/ changed since (others may be
+    editing the tree while the benchmark runs), and where this interpreter imports meshmq from
+    (the broker processes are started with the same interpreter and environment)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              check=False)
+        return done.stdout if done.returncode == 0 else ""
+
+    changed = [line[3:] for line in git("status", "--porcelain", "--", "src").splitlines()]
+    spec = importlib.util.find_spec("meshmq")
+    return {"commit": git("rev-parse", "HEAD").strip() or None, "changed_in_src": changed,
+            "meshmq_from": str(Path(spec.origin).parent) if spec and spec.origin else None}
 
 
 def write_json(path: Path, record: dict[str, object]) -> None:

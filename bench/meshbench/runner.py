@@ -28,6 +28,7 @@ from meshbench import BenchError, placement, profiling
 from meshbench.brokers import (
     ProcStats,
     RunningBroker,
+    commit_log_bytes,
     host_cpu,
     pinned,
     proc_stats,
@@ -124,9 +125,12 @@ def run_one(scenario: Scenario, broker_name: str, ctx: Context) -> dict[str, obj
     try:
         broker = start_broker(broker_name, scenario, workdir, ctx)
         try:
-            return _measure(scenario, broker, ctx)
+            outcome = _measure(scenario, broker, ctx)
         finally:
             broker.stop()
+        if broker_name == "meshmq":
+            outcome["log_bytes"] = commit_log_bytes(workdir)
+        return outcome
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -10,6 +10,12 @@ back from /proc, see ``placement``):
 * ``pairs_qos0`` / ``pairs_qos1``: 100 independent publisher → subscriber pairs on distinct
   topics (QoS 1 with the log off, lossless queues). A pair whose two clients land on different
   workers crosses the link; about half of them with 2 workers.
+* ``pairs_qos1_log`` / ``pairs_qos1_log_interval``: the same 100 QoS 1 pairs with the commit
+  log on (every ``bench/pair/<n>`` persisted), ``log.fsync = "always"`` (the default policy)
+  and ``"interval"`` (every 1,000 ms). Each publish is appended by the worker that leads its
+  topic's partition (``appendcost.leader_of_topic``); a publisher on another worker sends it
+  there first (``appending``: the fraction of pairs whose publisher does). The issue's floor
+  once partition leaders are spread over the workers: ``FLOORS``, on the msg/s ratio.
 
 CPUs: the node is pinned to ``cpus_for(workers)`` (CPU 0 for 1 worker, CPUs 0-1 for 2), the
 load generator is not pinned: the machine has 2 CPUs, so with 2 workers the load generator
@@ -22,11 +28,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
+from meshbench.appendcost import leader_of_topic
+from meshbench.brokers import LOSSLESS_MESHMQ
 from meshbench.report import _grid, _num
 from meshbench.runner import Context, run_one
-from meshbench.scenarios import LOG_OFF, Scenario
+from meshbench.scenarios import LOG_OFF, LOG_ON, Scenario
 
 WORKER_COUNTS = (1, 2)
+LOG_INTERVAL: dict[str, object] = {"log.enabled": True, "log.fsync": "interval",
+                                   "log.fsync_interval_ms": 1000, **LOSSLESS_MESHMQ}
 
 LOADS: tuple[Scenario, ...] = (
     Scenario("fanin_qos0", "fan-in QoS 0 (10 pub -> 1 wildcard sub)", "throughput", pubs=10,
@@ -35,7 +45,28 @@ LOADS: tuple[Scenario, ...] = (
              pubs=100, subs=100, qos=0, meshmq=LOG_OFF, brokers=("meshmq",)),
     Scenario("pairs_qos1", "100 independent pairs, QoS 1, log off", "throughput",
              topology="pairs", pubs=100, subs=100, qos=1, meshmq=LOG_OFF, brokers=("meshmq",)),
+    Scenario("pairs_qos1_log", "100 independent pairs, QoS 1, log on, fsync always",
+             "throughput", topology="pairs", pubs=100, subs=100, qos=1, meshmq=LOG_ON,
+             brokers=("meshmq",)),
+    Scenario("pairs_qos1_log_interval", "100 independent pairs, QoS 1, log on, fsync interval",
+             "throughput", topology="pairs", pubs=100, subs=100, qos=1, meshmq=LOG_INTERVAL,
+             brokers=("meshmq",)),
 )
+# The issue's floor for msg/s with 2 workers / with 1, once partition leaders are spread.
+FLOORS: dict[str, float] = {"pairs_qos1_log": 1.6, "pairs_qos1_log_interval": 1.6}
+
+
+def pair_topic(pair: int) -> str:
+    """The topic of pair ``pair`` in the ``pairs`` loads, as bench/loadgen.c names it."""
+    return f"bench/pair/{pair}"
+
+
+def appending_fraction(pair_workers: list[list[int]], workers: int) -> float:
+    """The fraction of pairs whose publisher is on a worker that does not lead its topic's
+    partition: each of its publishes crosses to the leader (APPEND) and back (REPLY)."""
+    off = sum(1 for i, (pub, _sub) in enumerate(pair_workers)
+              if pub != leader_of_topic(pair_topic(i), workers))
+    return off / max(1, len(pair_workers))
 
 
 def cpus_for(workers: int) -> str:
@@ -74,6 +105,20 @@ def run_scaling(load: Scenario, workers: int, ctx: Context, pin: bool = True) ->
         figures["projected_rate"] = figures["rate"] * 100.0 / busiest
     if delivered:
         figures["loadgen_us_per_msg"] = 1e6 * float(lg.get("loadgen_cpu_s", 0.0)) / delivered  # type: ignore[arg-type]
+    for name in [k for k in figures if k.startswith("worker") and k.endswith("_cpu_pct")]:
+        if figures.get("rate"):  # each worker's share of the CPU per message
+            figures[name.replace("_cpu_pct", "_us_per_msg")] = (
+                1e4 * figures[name] / figures["rate"])
+    if load.meshmq.get("log.enabled"):
+        place: dict[str, object] = outcome.get("placement") or {}  # type: ignore[assignment]
+        if "pair_workers" in place:
+            place["appending_fraction"] = appending_fraction(place["pair_workers"], workers)  # type: ignore[arg-type]
+        published = int(lg.get("published", 0) or 0)  # type: ignore[call-overload]
+        persisted = int(outcome.get("log_bytes", 0))  # type: ignore[call-overload]
+        if persisted < published * load.size:  # the records hold the payloads, uncompressed
+            outcome["ok"] = False
+            outcome["problems"].append(  # type: ignore[union-attr]
+                f"the commit log holds {persisted} bytes for {published} persisted messages")
     missing = int(lg.get("missing", 0) or 0)  # type: ignore[call-overload]
     if missing and not load.qos:  # the QoS 1 runs already fail on this
         outcome["ok"] = False
@@ -105,11 +150,13 @@ def scaling_rows(results: ScalingResults) -> list[dict[str, object]]:
         for workers, runs in sorted(by_count.items()):
             for name in ("rate", "projected_rate", "broker_cpu_pct", "broker_us_per_msg",
                          "loadgen_cpu_pct", "loadgen_us_per_msg", "broker_wait_pct",
-                         "host_busy_pct"):
+                         "host_busy_pct", *[f"worker{i}_{f}" for i in range(workers)
+                                            for f in ("cpu_pct", "us_per_msg")]):
                 row[f"{name}_w{workers}"] = median(runs, name)
-            crossing = [r["placement"]["crossing_fraction"] for r in runs  # type: ignore[index]
-                        if "placement" in r]
-            row[f"crossing_w{workers}"] = statistics.median(crossing) if crossing else None
+            for name in ("crossing", "appending"):
+                found = [r["placement"][f"{name}_fraction"] for r in runs  # type: ignore[index]
+                         if f"{name}_fraction" in r.get("placement", {})]  # type: ignore[operator]
+                row[f"{name}_w{workers}"] = statistics.median(found) if found else None
             row[f"ok_w{workers}"] = all(r["ok"] for r in runs)
             row[f"runs_w{workers}"] = len(runs)
         a, b = row.get("rate_w2"), row.get("rate_w1")
@@ -118,15 +165,32 @@ def scaling_rows(results: ScalingResults) -> list[dict[str, object]]:
         row["us_ratio"] = a / b if a is not None and b else None  # type: ignore[operator]
         a, b = row.get("projected_rate_w2"), row.get("projected_rate_w1")
         row["projected_ratio"] = a / b if a is not None and b else None  # type: ignore[operator]
+        floor = FLOORS.get(load.name)
+        row["floor"] = floor
+        ratio = row["rate_ratio"]
+        row["floor_met"] = None if floor is None or ratio is None else ratio >= floor  # type: ignore[operator]
         rows.append(row)
     return rows
+
+
+def _percent(value: object) -> str:
+    return f"{100 * value:.0f}%" if isinstance(value, float) else "-"
+
+
+def per_worker_cell(row: dict[str, object], workers: int = 2) -> str:
+    """Each worker's CPU % and (µs per message), e.g. ``97 (9.1) / 60 (5.6)``."""
+    parts = [f"{_num(row.get(f'worker{i}_cpu_pct_w{workers}'))} "
+             f"({_num(row.get(f'worker{i}_us_per_msg_w{workers}'))})" for i in range(workers)
+             if row.get(f"worker{i}_cpu_pct_w{workers}") is not None]
+    return " / ".join(parts) or "-"
 
 
 def render_scaling(rows: list[dict[str, object]]) -> str:
     lines = []
     for r in rows:
         ok = "ok" if r.get("ok_w1", True) and r.get("ok_w2", True) else "FAILED"
-        crossing = r.get("crossing_w2")
+        floor = r.get("floor")
+        met = {True: "yes", False: "NO", None: ""}[r.get("floor_met")]  # type: ignore[index]
         lines.append([
             str(r["load"]), _num(r.get("rate_w1")), _num(r.get("rate_w2")),
             _ratio(r.get("rate_w2"), r.get("rate_w1")),  # type: ignore[arg-type]
@@ -135,14 +199,14 @@ def render_scaling(rows: list[dict[str, object]]) -> str:
             _ratio(r.get("projected_rate_w2"), r.get("projected_rate_w1")),  # type: ignore[arg-type]
             _num(r.get("broker_cpu_pct_w1")), _num(r.get("broker_cpu_pct_w2")),
             _num(r.get("loadgen_cpu_pct_w1")), _num(r.get("loadgen_cpu_pct_w2")),
-            _num(r.get("loadgen_us_per_msg_w2")),
-            f"{100 * crossing:.0f}%" if isinstance(crossing, float) else "-",
-            _num(r.get("host_busy_pct_w2")), ok,
+            _num(r.get("loadgen_us_per_msg_w2")), per_worker_cell(r),
+            _percent(r.get("crossing_w2")), _percent(r.get("appending_w2")),
+            _num(r.get("host_busy_pct_w2")), f">= {floor}x" if floor else "", met, ok,
         ])
     return _grid(["load", "msg/s w=1", "msg/s w=2", "w2/w1", "broker us/msg w=1",
                   "w=2", "CPU-bound msg/s w=1", "w=2", "w2/w1", "broker CPU% w=1", "w=2",
-                  "loadgen CPU% w=1", "w=2",
-                  "loadgen us/msg", "crossing", "host busy%", "counts"], lines)
+                  "loadgen CPU% w=1", "w=2", "loadgen us/msg", "w=2 per worker CPU% (us/msg)",
+                  "crossing", "appending", "host busy%", "floor w2/w1", "met", "counts"], lines)
 
 
 def render_scaling_runs(results: ScalingResults) -> str:
@@ -159,6 +223,8 @@ def render_scaling_runs(results: ScalingResults) -> str:
                 if place:
                     where = (f"pubs {place['publishers_per_worker']} subs "
                              f"{place['subscribers_per_worker']}")
+                    if "appending_fraction" in place:
+                        where += f" appending {_percent(place['appending_fraction'])}"
                 problems = "; ".join(run.get("problems", []))  # type: ignore[arg-type]
                 lines.append([
                     f"{load} #{i + 1}", str(workers), _num(f.get("rate")),

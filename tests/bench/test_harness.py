@@ -5,7 +5,9 @@ caught, and that the figures and profile summaries are computed as documented.""
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,9 +15,11 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from meshbench import linkcost, placement, profiling, report, workers  # noqa: E402
+from meshbench import appendcost, linkcost, placement, profiling, report, workers  # noqa: E402
 from meshbench.brokers import proc_stats, toml_text  # noqa: E402
 from meshbench.build import build_loadgen  # noqa: E402
+from meshbench.endpoints import MAGIC, PAYLOAD, SIZE, Publisher, Subscriber  # noqa: E402
+from meshbench.placed import publish_packet  # noqa: E402
 from meshbench.runner import Context, run_one  # noqa: E402
 from meshbench.scenarios import LOG_OFF, LOG_ON, Scenario, Timing  # noqa: E402
 
@@ -234,3 +238,91 @@ def test_placement_and_link_cost_arithmetic() -> None:
              "worker1_us_per_msg": 10.0}]
     cost = workers.link_cost(rows)
     assert (cost["total_us"], cost["sender_us"], cost["receiver_us"]) == (11.0, 7.0, 10.0)
+
+
+def test_pairs_with_the_log_on_validate_on_two_workers(loadgen: Path) -> None:
+    load = replace(workers.select_loads(["pairs_qos1_log"])[0], pubs=6, subs=6)
+    assert load.meshmq["log.enabled"] and load.meshmq["log.fsync"] == "always"
+    outcome = workers.run_scaling(load, 2, context(loadgen), pin=False)
+    assert outcome["ok"], outcome["problems"]
+    lg = outcome["loadgen"]
+    assert lg["valid"] == lg["expected"] == lg["published"] == lg["acked"] > 0
+    assert lg["missing"] == lg["duplicates"] == 0  # per pair, every sequence number in order
+    assert outcome["log_bytes"] >= SIZE * lg["published"]  # every publish went through the log
+    figures = outcome["figures"]
+    assert figures["worker0_us_per_msg"] + figures["worker1_us_per_msg"] == pytest.approx(
+        figures["broker_us_per_msg"], rel=0.25)  # the supervisor does next to nothing
+    place = outcome["placement"]
+    assert len(place["pair_workers"]) == 6
+    leaders = [appendcost.leader_of_topic(f"bench/pair/{i}", 2) for i in range(6)]
+    off_leader = sum(1 for (pub, _), lead in zip(place["pair_workers"], leaders, strict=True)
+                     if pub != lead)
+    assert place["appending_fraction"] == off_leader / 6
+
+
+def test_append_cost_puts_the_publisher_off_the_leader() -> None:
+    case = next(c for c in appendcost.CASES if c.name == "append")
+    outcome = linkcost.run_case(case, warmup=0.2, duration=0.5, pairs=2)
+    assert outcome["ok"], outcome["problems"]
+    leaders = [appendcost.leader_of_topic(case.topic(i), 2) for i in range(2)]
+    assert outcome["placement"] == {"publishers": [1 - lead for lead in leaders],
+                                    "subscribers": leaders}
+    counts = outcome["counts"]
+    assert counts["delivered"] == counts["published"] > counts["delivered_window"] > 0
+    assert counts["acked"] == counts["qos1_sent"] >= counts["published"]  # probes too
+    assert outcome["log_bytes"] >= SIZE * counts["published"]
+    figures = outcome["figures"]
+    assert figures["worker0_us_per_msg"] > 0 and figures["worker1_us_per_msg"] > 0
+
+
+def test_floor_is_checked_on_the_two_worker_msg_rate_ratio() -> None:
+    def runs(rate: float) -> list[dict[str, object]]:
+        return [{"ok": True, "problems": [], "figures": {"rate": rate}}]
+
+    rows = {r["load"]: r for r in workers.scaling_rows({
+        "pairs_qos1": {1: runs(100.0), 2: runs(120.0)},
+        "pairs_qos1_log": {1: runs(100.0), 2: runs(170.0)},
+        "pairs_qos1_log_interval": {1: runs(100.0), 2: runs(150.0)},
+    })}
+    assert (rows["pairs_qos1"]["floor"], rows["pairs_qos1"]["floor_met"]) == (None, None)
+    assert (rows["pairs_qos1_log"]["floor"], rows["pairs_qos1_log"]["floor_met"]) == (1.6, True)
+    assert rows["pairs_qos1_log_interval"]["floor_met"] is False
+    table = workers.render_scaling(list(rows.values())).splitlines()
+    assert table[3].split()[-3:] == ["1.6x", "yes", "ok"]
+    assert table[4].split()[-3:] == ["1.6x", "NO", "ok"]
+    costs = appendcost.append_cost([{"case": "leader", "broker_us_per_msg": 18.0},
+                                    {"case": "append", "broker_us_per_msg": 30.5}])
+    assert (costs["append_us"], costs["append_back_us"]) == (12.5, None)
+
+
+def test_placed_publisher_checks_every_puback() -> None:
+    here, there = socket.socketpair()
+    with here, there:
+        pub = Publisher(0, here, None, "t", qos=1)
+        pub.refill(3)  # packet ids 1, 2, 3
+        assert pub.in_flight() == 3
+        acks = (b"\x40\x02\x00\x01"  # success, short form
+                b"\x40\x03\x00\x02\x87"  # 0x87 not authorized
+                b"\x40\x02\x00\x09"  # an id never sent
+                b"\xe0\x00")  # DISCONNECT
+        for i in range(len(acks)):  # a byte at a time: frames split anywhere
+            pub.feed(acks[i:i + 1])
+        assert (pub.acked, pub.refused, pub.unexpected, pub.other) == (2, 1, 1, 1)
+        assert pub.in_flight() == 1
+        assert len(pub.problems()) == 4
+
+
+def test_placed_subscriber_acknowledges_qos1_deliveries() -> None:
+    here, there = socket.socketpair()
+    with here, there:
+        sub = Subscriber(3, here, None)
+        frames = b"".join(
+            publish_packet("t/3", PAYLOAD.pack(3, MAGIC, seq) + bytes(SIZE - PAYLOAD.size),
+                           qos=1, packet_id=0x0100 + seq) for seq in range(2))
+        for i in range(len(frames)):
+            sub.feed(frames[i:i + 1])
+        assert (sub.received, sub.next_seq, sub.gaps, sub.dups, sub.foreign) == (2, 2, 0, 0, 0)
+        assert bytes(sub.acks) == b"\x40\x02\x01\x00\x40\x02\x01\x01"
+        sub.flush_acks()
+        assert there.recv(100) == b"\x40\x02\x01\x00\x40\x02\x01\x01"
+        assert not sub.acks

@@ -68,7 +68,10 @@ def test_after_a_restart_sys_values_are_those_of_the_new_run(
                  what="$SYS values right after the restart")
         assert seconds(after["uptime"]) < seconds(before["uptime"]), (before, after)
         assert after["messages/received"] == "0" and after["messages/sent"] == "0", after
-        assert after["clients/total"] == "0", after  # published at start: no session yet
+        # Published at start (no session yet); with workers, the first set may be published
+        # again until every worker's figures are in, the subscriber's own session counted.
+        assert after["clients/total"] in ("0", "1") if workers > 1 else (
+            after["clients/total"] == "0"), after
         assert after["workers"] == str(workers)
     finally:
         second.stop()

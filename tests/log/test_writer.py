@@ -96,8 +96,9 @@ def test_always_completes_only_after_the_partition_was_fsynced(tmp_path: Path) -
         os.fsync(fd)
         synced[size_before.st_ino] = size_before.st_size
 
-    # ~25 KB per partition whatever the batching (a loaded machine groups more records per
-    # batch, so fewer bytes): 8 KB segments roll several times either way.
+    # Groups of at most 50 records: at least 40 batches whatever the machine's load (a loaded
+    # machine would otherwise group all 2,000 into one or two batches, and a batch never
+    # splits across segments), so 8 KB segments roll several times.
     log = CommitLog(tmp_path, LogConfig(partitions=4, segment_bytes=8_000),
                     fsync=recording_fsync)
     violations: list[str] = []
@@ -109,7 +110,7 @@ def test_always_completes_only_after_the_partition_was_fsynced(tmp_path: Path) -
         if synced.get(now.st_ino) != now.st_size:
             violations.append(f"{outcome}: {now.st_size} bytes, fsynced {synced.get(now.st_ino)}")
 
-    with LogWriter(log, fsync_policy="always") as writer:
+    with LogWriter(log, fsync_policy="always", max_group_records=50) as writer:
         for i in range(2_000):
             writer.submit(record("a", i), check)
     assert violations == []
