@@ -158,15 +158,17 @@ class Connects:
         if existing is not None and existing.client is not None:
             lifecycle.take_over(existing.client)  # type: ignore[arg-type]
             existing = broker.sessions.get(client_id)
+        registered = claimed  # a claim registered this router as the session's holder
         if existing is not None and packet.clean_start:
-            lifecycle.end_session(existing, now)
+            lifecycle.end_session(existing, now)  # (unregisters it)
             existing = None
+            registered = False
         session_present = existing is not None
         session = existing
         if session is None:
             session = lifecycle.new_session(client_id)
-            if not claimed:
-                broker.directory.created(session)  # no claim registered it
+            if not registered:
+                broker.directory.created(session)
         cancel_timers(session)
         session.expiry_interval = expiry
         session.will = packet.will

@@ -225,6 +225,8 @@ class Directory:
     def _take(self, claimant: int, client_id: str, clean_start: bool, answer: Answer) -> None:
         holders = {self.holders.get(client_id), *self.extra.pop(client_id, ())}
         holders -= {None, claimant}
+        log.debug("claim client_id=%s by worker %d clean=%s holders=%s", client_id, claimant,
+                  clean_start, sorted(h for h in holders if h is not None))
         handed: list[int] = []
         sessions: list[bytes] = []
         waiting = [len(holders)]
@@ -277,6 +279,8 @@ class Directory:
         if client_id in self._claiming:
             host.supersede(client_id)
         session = host.release_session(client_id, clean_start)
+        log.debug("release client_id=%s to worker %d clean=%s handed=%s", client_id, to,
+                  clean_start, session is not None)
         if session is None:
             return answer(Claimed(0, CLAIM_NONE, [], []))
         blob = host.export_session(session)

@@ -181,7 +181,7 @@ class LogWriter:
             self._housekeeping(time.monotonic())
         self._finished = True  # set before the last drain: see _enqueue
         self._fail_leftovers()
-        self._sync(set(range(self.log.partition_count)))
+        self._sync(set(self.log.owned))
 
     def _idle_timeout(self) -> float:
         deadline = self._last_retention + self.retention_check_interval
