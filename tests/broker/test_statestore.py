@@ -1,10 +1,12 @@
 """The state store's files: journal replay, torn tails, damage, compaction (real files), and
-a broker starting on a damaged journal (real processes)."""
+a broker starting on a damaged journal or retained message (real processes)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
+import json
 import signal
 from pathlib import Path
 
@@ -192,3 +194,27 @@ def test_a_damaged_journal_line_stops_the_broker_naming_state_repair(tmp_path: P
             assert delivered.topic == "kept/x"  # arriving first shows lost/x never will
     finally:
         restarted.stop()
+
+
+def test_a_damaged_retained_message_stops_the_broker_with_one_line(tmp_path: Path) -> None:
+    """A stored retained message whose body no longer decodes (valid JSON and base64, bad
+    bytes) is named in one line, not a traceback (broker/snapshot.py ``SnapshotError``)."""
+    broker = start_broker(tmp_path)
+    with RawClient(broker.port) as publisher:
+        publisher.connect("publisher")
+        publisher.send(Publish("kept/r", b"m", 1, retain=True, packet_id=1))
+        publisher.recv_type(Puback)
+    broker.stop()  # graceful: compacted into the snapshot file
+    snapshot = broker.data_dir / "state" / "snapshot.json"
+    state = json.loads(snapshot.read_text())
+    stored = state["retained"]["kept/r"]
+    body = bytearray(base64.b64decode(stored["body"]))
+    body[0] = 0x80  # flags: only 0x01 and 0x02 exist
+    stored["body"] = base64.b64encode(bytes(body)).decode("ascii")
+    snapshot.write_text(json.dumps(state))
+
+    refused = serve_until_exit(tmp_path)
+    assert refused.returncode == 1, refused.stderr
+    assert "cannot read the broker state" in refused.stderr
+    assert "bad retained message 'kept/r'" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import BrokerProcess, Client, start_broker, wait_for
-from meshmq.broker.snapshot import message_to_json
 from meshmq.broker.message import Message
+from meshmq.broker.snapshot import message_to_json
 from meshmq.broker.statestore import StateStore
 
 LOG_OFF = "[log]\nenabled = false\n"

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import BrokerProcess, start_broker, wait_for
-from meshmq.node.supervisor import CrashHistory, ReservationError, reserve_ports
 from meshmq.cluster.spec import resolve_workers
 from meshmq.config import load_config
 from meshmq.logsetup import configure_logging, set_worker
+from meshmq.node.supervisor import CrashHistory, ReservationError, reserve_ports
 from rawclient import RawClient
 
 STARTED = re.compile(r"workers started count=(\d+) pids=([\d,]+) port=(\d+)")

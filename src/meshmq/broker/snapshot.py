@@ -26,6 +26,7 @@ from meshmq.broker.message import Message
 from meshmq.broker.session import LiveState, Outbound, QueueEntry, Session, Subscription
 from meshmq.broker.wire import Reader, WireError, Writer, decode_message, encode_message
 from meshmq.mqtt.codec import decode_properties, encode_properties
+from meshmq.mqtt.errors import MQTTError
 from meshmq.mqtt.packets import SubscriptionOptions, Will
 from meshmq.mqtt.properties import PacketKind, PropertyId
 
@@ -85,9 +86,16 @@ def message_to_json(message: Message, now: float) -> dict[str, Any]:
 
 def message_from_json(topic: str, data: dict[str, Any], now: float) -> Message | None:
     """``message_to_json`` read back; None if it expired while stored. Also reads the record
-    of meshmq versions before the one body (separate fields)."""
-    if "body" not in data:
-        return _legacy_message(topic, data, now)
+    of meshmq versions before the one body (separate fields). ``SnapshotError`` if malformed."""
+    try:
+        if "body" not in data:
+            return _legacy_message(topic, data, now)
+        return _stored_message(data, now)
+    except (ValueError, KeyError, TypeError, AttributeError, WireError, MQTTError) as error:
+        raise SnapshotError(f"bad stored message {topic!r}: {error!r}") from None
+
+
+def _stored_message(data: dict[str, Any], now: float) -> Message | None:
     message = decode_message(_unb64(data["body"]), now)
     expiry = message.properties.get(PropertyId.MESSAGE_EXPIRY_INTERVAL)
     if expiry is None:
@@ -165,7 +173,7 @@ class SessionSnapshot:
                 {str(f): options_from_json(o) for f, o in record.get("subs", {}).items()},
                 None if cursor is None else [int(o) for o in cursor])
         except (ValueError, KeyError, TypeError, AttributeError, binascii.Error,
-                WireError) as error:
+                WireError, MQTTError) as error:  # MQTTError: a will's property block
             raise SnapshotError(f"bad session record {client_id!r}: {error!r}") from None
 
     # ------------------------------------------------------------------ a hand-over
@@ -208,19 +216,21 @@ class SessionSnapshot:
             if live is not None:
                 snapshot.live = _live_from_json(live, messages)
             return snapshot
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError,
-                WireError) as error:
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError,
+                WireError) as error:  # RecursionError: JSON nested too deep
             raise SnapshotError(f"bad session hand-over: {error!r}") from None
 
 
 def _live_from_json(live: dict[str, Any], messages: list[Message]) -> LiveState:
     inflight = []
     for packet_id, index, qos, retain, ids, group, released in live["inflight"]:
-        outbound = Outbound(messages[index], int(qos), bool(retain), _ids(ids), _key(group))
+        outbound = Outbound(_message(messages, index), int(qos), bool(retain), _ids(ids),
+                            _key(group))
         outbound.released = bool(released)
         inflight.append((int(packet_id), outbound))
-    queue = [QueueEntry(messages[index], int(qos), bool(retain), _ids(ids), _key(group),
-                        bool(dup)) for index, qos, retain, ids, group, dup in live["queue"]]
+    queue = [QueueEntry(_message(messages, index), int(qos), bool(retain), _ids(ids),
+                        _key(group), bool(dup))
+             for index, qos, retain, ids, group, dup in live["queue"]]
     catchup = live["catchup"]
     if catchup is not None:
         for topic_filter, start in catchup["filters"]:
@@ -228,6 +238,12 @@ def _live_from_json(live: dict[str, Any], messages: list[Message]) -> LiveState:
                 raise ValueError("bad catch-up filter")
     return LiveState({int(i) for i in live["qos2_in"]}, int(live["next_packet_id"]),
                      int(live["dropped"]), inflight, queue, catchup)
+
+
+def _message(messages: list[Message], index: int) -> Message:
+    if type(index) is not int or not 0 <= index < len(messages):  # -1 would be the last one
+        raise ValueError(f"no message {index!r} in the hand-over")
+    return messages[index]
 
 
 def _ids(ids: list[int] | None) -> list[int] | None:

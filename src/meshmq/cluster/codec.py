@@ -543,7 +543,10 @@ FRAMES: dict[int, type[Frame]] = {  # type: ignore[valid-type]
 
 def decode_frame(frame_type: int, body: bytes) -> Frame:  # type: ignore[valid-type]
     """The frame of ``frame_type`` in ``body`` (``LinkError`` if it does not decode)."""
-    return FRAMES[frame_type].decode(body)  # type: ignore[attr-defined,no-any-return]
+    frame_class = FRAMES.get(frame_type)
+    if frame_class is None:  # a peer's type byte, even when no FrameReader checked it
+        raise LinkError(f"unknown frame type {frame_type}")
+    return frame_class.decode(body)  # type: ignore[attr-defined,no-any-return]
 
 
 # ---------------------------------------------------------------------- the stream
