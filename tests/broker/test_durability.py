@@ -1,8 +1,10 @@
 """Acknowledged means durable: kill -9 the broker mid-stream, every PUBACKed message is in the log.
 
-Publishers pipeline QoS 1 messages (a window of unacknowledged ones each) and record which were
-acknowledged; the broker is killed with SIGKILL while they are still sending. The commit log is
-then opened directly, and a restarted broker must recover it and serve again.
+Publishers pipeline QoS 1 messages (a window of unacknowledged ones each) on topics of every
+partition and record which were acknowledged; the broker is killed with SIGKILL while they are
+still sending. The commit log is then opened directly, and a restarted broker must recover it
+and serve again. With two workers, publishers are placed on both: each publishes to partitions
+its worker leads (appended there) and to partitions the other leads (``APPEND`` to it).
 """
 
 from __future__ import annotations
@@ -17,16 +19,34 @@ from conftest import start_broker, wait_for
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
 from meshmq.mqtt.packets import Puback, Publish
+from meshmq.mqtt.properties import PropertyId
 from rawclient import RawClient
 
-PUBLISHERS = 3
+PUBLISHERS = 4
 WINDOW = 16
+TOPICS = 8  # per publisher: with the default 8 partitions, leaders on every worker
 
 
-def publish_until_killed(port: int, name: str, acked: set[bytes], lock: threading.Lock) -> None:
-    client = RawClient(port, 5)
+def connect_to(port: int, name: str, worker: int | None) -> RawClient:
+    """A connection of client ``name`` served by ``worker`` (None: wherever it lands)."""
+    for _ in range(64):
+        client = RawClient(port, 5)
+        connack = client.connect(name)
+        served = dict(connack.properties.get(PropertyId.USER_PROPERTY) or ()).get(
+            "meshmq-worker", "0")
+        if worker is None or int(served) == worker:  # type: ignore[arg-type]
+            return client
+        client.close()
+    raise AssertionError(f"no connection of {name} landed on worker {worker}")
+
+
+def publish_until_killed(port: int, name: str, acked: set[bytes], lock: threading.Lock,
+                         worker: int | None = None) -> None:
     try:
-        client.connect(name)
+        client = connect_to(port, name, worker)
+    except (OSError, ConnectionError):
+        return
+    try:
         sent: dict[int, bytes] = {}
         sequence = 0
         while True:
@@ -35,7 +55,8 @@ def publish_until_killed(port: int, name: str, acked: set[bytes], lock: threadin
                 packet_id = sequence % 65535 + 1
                 payload = f"{name}-{sequence}".encode()
                 sent[packet_id] = payload
-                client.send(Publish(f"durable/{name}", payload, 1, packet_id=packet_id))
+                topic = f"durable/{name}/{sequence % TOPICS}"
+                client.send(Publish(topic, payload, 1, packet_id=packet_id))
             ack = client.recv_type(Puback, timeout=10)
             assert ack.reason_code < 0x80
             with lock:
@@ -59,19 +80,27 @@ def stored_payloads(data_dir: Path) -> list[bytes]:
     return payloads
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("fsync", ["always", "interval"])
-def test_kill_9_loses_no_acknowledged_message(tmp_path: Path, fsync: str) -> None:
+def test_kill_9_loses_no_acknowledged_message(tmp_path: Path, fsync: str, workers: int) -> None:
     config = f'[log]\nfsync = "{fsync}"\nfsync_interval_ms = 200\n'
-    broker = start_broker(tmp_path, config)
+    broker = start_broker(tmp_path, config, workers=workers)
     acked: set[bytes] = set()
     lock = threading.Lock()
     threads = [
-        threading.Thread(target=publish_until_killed, args=(broker.port, f"p{i}", acked, lock))
+        threading.Thread(target=publish_until_killed, args=(
+            broker.port, f"p{i}", acked, lock, i % workers if workers > 1 else None))
         for i in range(PUBLISHERS)
     ]
     for thread in threads:
         thread.start()
-    wait_for(lambda: len(acked) >= 600, timeout=60, what="600 acknowledged publishes")
+    names = {f"p{i}".encode() for i in range(PUBLISHERS)}
+
+    def under_way() -> bool:
+        with lock:
+            return len(acked) >= 600 and {p.split(b"-")[0] for p in acked} == names
+
+    wait_for(under_way, timeout=60, what="600 acknowledged publishes, from every publisher")
     broker.stop(signal.SIGKILL)
     for thread in threads:
         thread.join(timeout=30)
@@ -82,7 +111,7 @@ def test_kill_9_loses_no_acknowledged_message(tmp_path: Path, fsync: str) -> Non
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:3]}"
 
     (tmp_path / "broker" / "port").unlink()
-    restarted = start_broker(tmp_path, config)  # recovers the log left by kill -9
+    restarted = start_broker(tmp_path, config, workers=workers)  # recovers the log
     try:
         client = RawClient(restarted.port, 5)
         client.connect("after")

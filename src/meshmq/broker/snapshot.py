@@ -113,14 +113,15 @@ def _stored_message(data: dict[str, Any], now: float) -> Message | None:
 def _legacy_message(topic: str, data: dict[str, Any], now: float) -> Message | None:
     block = _unb64(data["properties"])
     props, _ = decode_properties(block, 0, len(block), PacketKind.PUBLISH)
+    payload = _unb64(data["payload"])  # every field read before expiry is looked at
+    qos, sender = int(data["qos"]), data["sender"]
     expiry = data.get("expiry")
     if expiry is not None:
         remaining = expiry - (wall_ms() - data["stored_at"]) // 1000
         if remaining <= 0:
             return None
         props[PropertyId.MESSAGE_EXPIRY_INTERVAL] = remaining
-    message = Message(topic, _unb64(data["payload"]), data["qos"], True, props, data["sender"],
-                      now)
+    message = Message(topic, payload, qos, True, props, sender, now)
     if data.get("position"):
         message.position = (int(data["position"][0]), int(data["position"][1]))
     return message
