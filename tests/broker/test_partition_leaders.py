@@ -14,9 +14,9 @@ import zlib
 from collections.abc import Callable
 
 from paho.mqtt.packettypes import PacketTypes
+from test_workers import LOG_ON, connect_on, worker_pids
 
 from conftest import WAIT, BrokerProcess, Client, props, wait_for
-from test_workers import LOG_ON, connect_on, worker_pids
 
 PARTITIONS = 8  # log.partitions by default
 
@@ -101,7 +101,7 @@ def test_a_dead_worker_takes_only_its_partitions_offline(
 
 def worker_of_log(broker: BrokerProcess, client: Client) -> int:
     """The worker serving a 3.1.1 client (its connect line in the broker's log)."""
-    client_id = client.paho._client_id.decode() or None  # noqa: SLF001 - paho keeps it here
+    client_id = client.paho._client_id.decode() or None
     lines = [line for line in broker.log().splitlines() if "client connected" in line
              and (client_id is None or f"client_id={client_id}" in line)]
     return int(lines[-1].rsplit("worker=", 1)[1]) if lines else -1
