@@ -25,6 +25,8 @@ from meshmq.cluster.codec import (
     KNOWN_TYPES,
     MAX_FRAME,
     Append,
+    AppendAnswer,
+    Appended,
     Barrier,
     BarrierDone,
     Claim,
@@ -84,8 +86,10 @@ def feed_all(chunks: Iterable[bytes]) -> list[tuple[int, bytes]]:
 
 def messages_in(frame: object) -> list[bytes]:
     """The message bodies a frame carries (each decoded by whoever handles the frame)."""
-    if isinstance(frame, Forward | Append | Retain | Deliver):
+    if isinstance(frame, Forward | Retain | Deliver):
         return [frame.message]
+    if isinstance(frame, Append):
+        return [body for _, _, body in frame.entries]
     if isinstance(frame, Retained):
         return [body for _, body in frame.found]
     return []
@@ -120,8 +124,15 @@ CASES: list[tuple[object, bytes, bool]] = [
      u("I", 2) + text_bytes("g") + text_bytes("t/#") + text_bytes("h") + text_bytes("+/é")
      + MESSAGE_BODY, False),
     (Forward([], PLAIN_BODY), u("I", 0) + PLAIN_BODY, False),  # the hot case: no groups
-    (Append(7, "client-é", MESSAGE_BODY), u("Q", 7) + text_bytes("client-é") + MESSAGE_BODY,
-     False),
+    (Append([(7, "client-é", MESSAGE_BODY), (8, "", PLAIN_BODY)]),
+     u("IQ", 2, 7) + text_bytes("client-é") + blob_bytes(MESSAGE_BODY) + u("Q", 8)
+     + text_bytes("") + blob_bytes(PLAIN_BODY), True),
+    (Append([]), u("I", 0), True),
+    (Appended([AppendAnswer(7, 0, 3, 2**40, 2, [("g", "t/#")]), AppendAnswer(8, 0x80),
+               AppendAnswer(9, 0, 1, 5, 0, [])]),
+     u("I", 3) + u("QBIQIB", 7, 0, 3, 2**40, 2, 1) + u("I", 1) + text_bytes("g")
+     + text_bytes("t/#") + u("QBIQIB", 8, 0x80, 0, 0, 0, 0) + u("QBIQIBI", 9, 0, 1, 5, 0, 1, 0),
+     True),
     (Retain(8, True, PLAIN_BODY), u("QB", 8, 1) + PLAIN_BODY, False),
     (Reply(9, 0x97, 4, 2**40, 3), u("QBIQI", 9, 0x97, 4, 2**40, 3), True),
     (Reply(10, 0), u("QBIQI", 10, 0, 0, 0, 0), True),
@@ -202,8 +213,7 @@ def test_truncated_bodies_and_trailing_bytes(case: tuple[object, bytes, bool]) -
 def test_which_frames_check_their_end() -> None:
     """Exactly the frames that end with a message body run to the end of the frame."""
     open_ended = {TYPE_OF[type(frame)] for frame, _, checks_end in CASES if not checks_end}
-    assert open_ended == {FrameType.FORWARD, FrameType.APPEND, FrameType.RETAIN,
-                          FrameType.DELIVER}
+    assert open_ended == {FrameType.FORWARD, FrameType.RETAIN, FrameType.DELIVER}
     for frame, _, checks_end in CASES:
         assert checks_end == ("message" not in {f.name for f in dataclasses.fields(frame)})  # type: ignore[arg-type]
 
@@ -222,7 +232,10 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
     FrameType.ROUTES: st.builds(Routes, st.lists(st.tuples(st.booleans(), unicode_text,
                                                            unicode_text), max_size=4)),
     FrameType.FORWARD: st.builds(Forward, groups, bodies),
-    FrameType.APPEND: st.builds(Append, u64s, unicode_text, bodies),
+    FrameType.APPEND: st.builds(Append, st.lists(st.tuples(u64s, unicode_text, bodies),
+                                                 max_size=3)),
+    FrameType.APPENDED: st.builds(Appended, st.lists(st.builds(
+        AppendAnswer, u64s, u8s, u32s, u64s, u32s, st.none() | groups), max_size=3)),
     FrameType.RETAIN: st.builds(Retain, u64s, st.booleans(), bodies),
     FrameType.REPLY: st.builds(Reply, u64s, u8s, u32s, u64s, u32s),
     FrameType.QUERY_RETAINED: st.builds(QueryRetained, u64s, texts),
@@ -389,7 +402,9 @@ WITH_TEXT: dict[str, Callable[[bytes], bytes]] = {
     "routes-filter": lambda s: u("IB", 1, 1) + text_bytes("") + s,
     "forward-name": lambda s: u("I", 1) + s + text_bytes("a/#") + MESSAGE_BODY,
     "forward-filter": lambda s: u("I", 1) + text_bytes("g") + s + MESSAGE_BODY,
-    "append-client": lambda s: u("Q", 1) + s + MESSAGE_BODY,
+    "append-client": lambda s: u("IQ", 1, 1) + s + blob_bytes(MESSAGE_BODY),
+    "appended-group": lambda s: u("I", 1) + u("QBIQIB", 1, 0, 0, 0, 0, 1) + u("I", 1) + s
+    + text_bytes("f"),
     "query-filter": lambda s: u("QH", 1, 1) + s,
     "claim-client": lambda s: u("Q", 1) + s + u("B", 0),
     "release-client": lambda s: u("Q", 1) + s + u("BH", 0, 1),
@@ -404,6 +419,7 @@ WITH_TEXT: dict[str, Callable[[bytes], bytes]] = {
 }
 WITH_TEXT_TYPES = {"hello": FrameType.HELLO, "routes": FrameType.ROUTES,
                    "forward": FrameType.FORWARD, "append": FrameType.APPEND,
+                   "appended": FrameType.APPENDED,
                    "query": FrameType.QUERY_RETAINED, "claim": FrameType.CLAIM,
                    "release": FrameType.RELEASE, "register": FrameType.REGISTER,
                    "stats": FrameType.STATS, "deliver": FrameType.DELIVER,
@@ -435,7 +451,8 @@ def test_stats_with_names_and_values_of_different_numbers_is_a_link_error() -> N
 
 @pytest.mark.parametrize("what", ["hello-highs", "routes", "groups", "retained",
                                   "claimed-sessions", "register", "synced-highs",
-                                  "stats", "deliver-ids", "query-filters"])
+                                  "stats", "deliver-ids", "query-filters", "appends",
+                                  "answers", "answer-groups"])
 def test_huge_announced_counts_allocate_nothing(what: str) -> None:
     big = struct.pack(">I", BIG_COUNT)
     bodies: dict[str, tuple[FrameType, bytes]] = {
@@ -449,6 +466,10 @@ def test_huge_announced_counts_allocate_nothing(what: str) -> None:
         "stats": (FrameType.STATS, u("H", 1) + text_bytes("a") + big),
         "deliver-ids": (FrameType.DELIVER, text_bytes("c") + u("BB", 0, 0) + big + PLAIN_BODY),
         "query-filters": (FrameType.QUERY_RETAINED, u("QH", 1, 0xFFFF) + text_bytes("a")),
+        "appends": (FrameType.APPEND, big + u("Q", 1) + text_bytes("") + blob_bytes(b"x")),
+        "answers": (FrameType.APPENDED, big + u("QBIQIB", 1, 0, 0, 0, 0, 0)),
+        "answer-groups": (FrameType.APPENDED, u("I", 1) + u("QBIQIB", 1, 0, 0, 0, 0, 1) + big
+                          + text_bytes("g") + text_bytes("f")),
     }
     frame_type, body = bodies[what]
     assert peak_allocation(lambda: decode_frame(frame_type, body), LinkError) < 64 * 1024

@@ -61,11 +61,15 @@ class Stored:
 
 @dataclass(frozen=True, slots=True)
 class StoredElsewhere:
-    """Durable at the partition's leader, which routed it to ``receivers`` receivers."""
+    """Durable at the partition's leader, which routed it to ``receivers`` receivers, except
+    to this router when ``local`` is a list: the caller delivers it to its own subscribers,
+    serving those shared groups (it has the message already; the leader did not send it
+    back)."""
 
     partition: int
     offset: int
     receivers: int
+    local: list[SharedKey] | None = None
 
 
 @dataclass(frozen=True, slots=True)

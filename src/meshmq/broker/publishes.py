@@ -107,8 +107,9 @@ class Publishes:
             if isinstance(outcome, Refused):
                 return self._persist_failed(client, packet, outcome)
             if isinstance(outcome, StoredElsewhere):  # its leader stored and routed it
+                receivers = outcome.receivers + self._deliver_here(message, outcome)
                 if attached:
-                    self._acknowledge(client, packet, outcome.receivers)
+                    self._acknowledge(client, packet, receivers)
                 return
             self._stored(message, outcome)
             if attached:
@@ -125,6 +126,14 @@ class Publishes:
     def _stored(self, message: Message, outcome: Stored) -> None:
         message.set_position(outcome.partition, outcome.offset)
         self.broker.persistence.routed(outcome.partition, outcome.offset)  # type: ignore[union-attr]
+
+    def _deliver_here(self, message: Message, outcome: StoredElsewhere) -> int:
+        """Stored by its leader, which left our own subscribers to us (we have the message):
+        deliver it here, as if forwarded, at the point of the leader's order it was stored."""
+        if outcome.local is None:
+            return 0
+        message.set_position(outcome.partition, outcome.offset)
+        return self.router.deliver_forwarded(message, outcome.local, self.loop.time())
 
     def route_stored(self, message: Message, outcome: Stored,
                      done: Callable[[int], None]) -> None:
@@ -144,7 +153,8 @@ class Publishes:
         if persistence is not None and persistence.wants(message.topic, message.qos):
             def durable(outcome: AppendOutcome) -> None:
                 if isinstance(outcome, StoredElsewhere):
-                    return  # its leader stored and routed it
+                    self._deliver_here(message, outcome)  # the leader routed it elsewhere
+                    return
                 if isinstance(outcome, Stored):
                     self._stored(message, outcome)
                 else:

@@ -41,9 +41,9 @@ class FrameType(IntEnum):
     HELLO = 1  # index, count, token, the high watermark of each partition the sender leads
     ROUTES = 2  # route changes: (added, group, filter)*
     FORWARD = 3  # a publish for the receiver's subscribers, and the shared groups it serves
-    APPEND = 4  # request to a partition's leader: persist and route this publish
+    APPEND = 4  # request to a partition's leader: persist and route these publishes
     RETAIN = 5  # request to a topic's owner: store (and maybe route) this retained message
-    REPLY = 6  # answer to APPEND or RETAIN
+    REPLY = 6  # answer to RETAIN
     QUERY_RETAINED = 7  # request to a topic's owner: retained messages matching these filters
     RETAINED = 8  # answer to QUERY_RETAINED
     CLAIM = 9  # to a client id's owner: a client connected here, hand its session over
@@ -57,6 +57,7 @@ class FrameType(IntEnum):
     SETTLED = 17  # a session handed over to the sender is in place: drop its stand-in
     RELEASE = 18  # from a client id's owner to the holder: hand the session over to a worker
     REGISTER = 19  # to client ids' owners: sessions the sender now holds or no longer holds
+    APPENDED = 20  # answers to APPEND
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -178,23 +179,77 @@ class Forward:
         return cls(groups, _rest(body, reader))
 
 
+AppendEntry = tuple[int, str, bytes]  # (request id, publisher's client id, message body)
+
+
 @dataclass(frozen=True, slots=True)
 class Append:
-    """Request to a partition's leader: persist this publish, route it once durable."""
+    """Request to a partition's leader: persist these publishes, route each once durable (the
+    appends of one loop turn for one leader travel together)."""
 
-    request_id: int
-    client_id: str
-    message: bytes
+    entries: list[AppendEntry]
 
     def encode(self) -> bytes:
-        writer = Writer().u64(self.request_id).text(self.client_id)
-        writer.parts.append(self.message)
+        writer = Writer().u32(len(self.entries))
+        for request_id, client_id, message in self.entries:
+            writer.u64(request_id).text(client_id).blob(message)
         return writer.frame(FrameType.APPEND)
 
     @classmethod
     def decode(cls, body: bytes) -> Append:
         reader = Reader(body)
-        return cls(reader.u64(), reader.text(), _rest(body, reader))
+        entries = [(reader.u64(), reader.text(), reader.blob()) for _ in range(reader.u32())]
+        reader.end()
+        return cls(entries)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendAnswer:
+    """One publish of an APPEND: stored (status 0) at ``partition``/``offset`` and routed to
+    ``receivers`` by the leader, or refused with reason code ``status``. ``local``: the
+    leader did not forward it to the requester, which delivers it to its own subscribers,
+    serving these shared groups (None: nothing to deliver there, or it was forwarded)."""
+
+    request_id: int
+    status: int
+    partition: int = 0
+    offset: int = 0
+    receivers: int = 0
+    local: list[GroupKey] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Answers to APPEND entries (those of one loop turn for one requester travel together)."""
+
+    answers: list[AppendAnswer]
+
+    def encode(self) -> bytes:
+        writer = Writer().u32(len(self.answers))
+        for a in self.answers:
+            writer.u64(a.request_id).u8(a.status).u32(a.partition).u64(a.offset)
+            writer.u32(a.receivers)
+            if a.local is None:
+                writer.u8(0)
+            else:
+                writer.u8(1).u32(len(a.local))
+                for name, topic_filter in a.local:
+                    writer.text(name).text(topic_filter)
+        return writer.frame(FrameType.APPENDED)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Appended:
+        reader = Reader(body)
+        answers = []
+        for _ in range(reader.u32()):
+            request_id, status, partition = reader.u64(), reader.u8(), reader.u32()
+            offset, receivers, has_local = reader.u64(), reader.u32(), reader.u8()
+            local = [(reader.text(), reader.text()) for _ in range(reader.u32())] \
+                if has_local else None
+            answers.append(AppendAnswer(request_id, status, partition, offset, receivers,
+                                        local))
+        reader.end()
+        return cls(answers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,13 +581,14 @@ class Settled:
         return frame
 
 
-Frame = (Hello | Routes | Forward | Append | Retain | Reply | QueryRetained | Retained | Claim
-         | Release | Claimed | Register | Sync | Synced | Stats | Barrier | BarrierDone
-         | Deliver | Settled)
+Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
+         | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
+         | BarrierDone | Deliver | Settled)
 
 FRAMES: dict[int, type[Frame]] = {  # type: ignore[valid-type]
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
-    FrameType.APPEND: Append, FrameType.RETAIN: Retain, FrameType.REPLY: Reply,
+    FrameType.APPEND: Append, FrameType.APPENDED: Appended, FrameType.RETAIN: Retain,
+    FrameType.REPLY: Reply,
     FrameType.QUERY_RETAINED: QueryRetained, FrameType.RETAINED: Retained,
     FrameType.CLAIM: Claim, FrameType.RELEASE: Release, FrameType.CLAIMED: Claimed,
     FrameType.REGISTER: Register, FrameType.SYNC: Sync, FrameType.SYNCED: Synced,

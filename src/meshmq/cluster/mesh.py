@@ -129,6 +129,10 @@ class Mesh:
         self.on_link_up: list[Callable[[int, Hello], None]] = []
         self.on_link_down: list[Callable[[int], None]] = []
         self.on_tick: list[Callable[[float], None]] = []
+        self.before_send: list[Callable[[], None]] = []  # batches to turn into frames now
+        self.before_forward: Callable[[int], None] | None = None  # flush what must go first
+        self.local_for: int | None = None  # route(): this peer delivers the message itself
+        self.local_groups: list[RouteKey] | None = None  # ... serving these groups
         self.on_congested: Callable[[int], None] | None = None
         self.on_forward: Callable[[int, Forward], None] | None = None
         self.on_highs: Callable[[int, Highs], None] | None = None
@@ -214,6 +218,8 @@ class Mesh:
 
     def data_to_send(self) -> dict[int, bytes]:
         """What to write, per link id (taken: the mesh forgets it)."""
+        for hook in self.before_send:
+            hook()
         self._wanted_write = False
         self._flush_routes()
         out = {}
@@ -284,6 +290,12 @@ class Mesh:
         self._queue(link, frame)
         return True
 
+    def wake(self) -> None:
+        """A component has a batch for ``before_send``: write at the end of this turn."""
+        if not self._wanted_write:
+            self._wanted_write = True
+            self.io.wake()
+
     def broadcast(self, frame: bytes) -> None:
         for link in self.peers.values():
             self._queue(link, frame)
@@ -330,11 +342,16 @@ class Mesh:
         once to each peer that has a match; return the shared groups to serve here and the
         number of peers forwarded to."""
         here, targets = self.routes.targets(message.topic, local_groups, self.peers)
+        if self.local_for is not None:  # that peer delivers it itself (partitions.py)
+            self.local_groups = targets.pop(self.local_for, None)
         if not targets:
             return here, 0
         body = self.encode(message, now)
+        before = self.before_forward
         for peer, groups in targets.items():
             link = self.peers[peer]
+            if before is not None:
+                before(peer)  # answers to appends routed earlier keep their place
             self._queue(link, forward_frame(groups, body))
             if link.congested and self.on_congested is not None:
                 self.on_congested(peer)

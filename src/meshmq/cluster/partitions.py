@@ -8,12 +8,18 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
 * **Appending.** A persisted publish on a partition this worker leads goes to its own writer
   (``Persistence`` over those partitions only, each under its own lock) and comes back
   ``Stored``: the broker routes it here. One on another partition goes to that partition's
-  leader (``APPEND``); the leader appends it, routes it once durable (to its own subscribers
-  and, as ``FORWARD``, to every worker with a match, this one included) and answers
-  (``REPLY``): ``StoredElsewhere``, or ``Refused`` with its reason. A leader that is not linked
-  (it crashed and is being restarted) refuses at once: its partitions are offline, the others
-  go on. So the order of a partition is its leader's order everywhere, nothing is delivered
-  before it is durable, and a PUBACK means durable whichever worker the publisher is on.
+  leader (``APPEND``: the publishes of one loop turn for one leader in one frame); the leader
+  appends it, routes it once durable (to its own subscribers and, as ``FORWARD``, to every
+  other worker with a match) and answers (``APPENDED``, batched the same way):
+  ``StoredElsewhere``, or ``Refused`` with its reason. The requester has the message already,
+  so the leader does not send it back: the answer says which shared groups the requester
+  serves and it delivers the message to its own subscribers itself. The answers to a peer go
+  out before any ``FORWARD`` to that peer routed after them, so every worker sees a
+  partition in its leader's order (a retained publish, answered only once journaled, is
+  forwarded as usual instead). A leader that is not linked (it crashed and is being
+  restarted) refuses at once: its partitions are offline, the others go on. So nothing is
+  delivered before it is durable, and a PUBACK means durable whichever worker the publisher
+  is on.
 * **Serving appends** (``APPEND`` from a peer): the same local append, then the broker's
   ``route_stored`` routes it and stores it as retained if flagged; the answer carries where it
   was stored and to how many receivers it went.
@@ -22,7 +28,7 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
   their high watermark.
 * **The view** of a partition led elsewhere only moves on what its leader says, in order on one
   link: the high watermarks in its ``HELLO``, in each ``BARRIER_DONE`` and ``SYNCED``, the
-  position of each persisted message it forwards, and each ``REPLY``. Every record at or above
+  position of each persisted message it forwards, and each ``APPENDED`` answer. Every record at or above
   the view that matches a route of this worker is still to be forwarded here, so a catch-up
   that reads up to the view and then goes live neither misses nor repeats one; and since a
   SUBACK waits for a barrier with every peer, a cursor started from the view never reaches
@@ -32,7 +38,9 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.interfaces import (
@@ -43,7 +51,18 @@ from meshmq.broker.interfaces import (
     StoredElsewhere,
 )
 from meshmq.broker.persistence import LogAccess, Persistence
-from meshmq.cluster.codec import Append, FrameType, Hello, Highs, Reply, Sync, Synced
+from meshmq.cluster.codec import (
+    Append,
+    AppendAnswer,
+    Appended,
+    AppendEntry,
+    FrameType,
+    GroupKey,
+    Hello,
+    Highs,
+    Sync,
+    Synced,
+)
 from meshmq.log.view import LogView
 from meshmq.mqtt.reason_codes import ReasonCode
 
@@ -59,8 +78,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshmq.partitions")
 
 RouteStored = Callable[["Message", Stored, Callable[[int], None]], None]
-Decode = Callable[[bytes], "Message"]
+Decode = Callable[[bytes, float], "Message"]
 Encode = Callable[["Message"], bytes]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An append waiting for its leader's answer."""
+
+    leader: int
+    partition: int
+    deadline: float
+    done: Completion
 
 
 class PartitionedLog(LogAccess):
@@ -80,7 +109,17 @@ class PartitionedLog(LogAccess):
         self.view = LogView(data_dir)
         self.route_stored: RouteStored | None = None  # set by the broker's side (workers.py)
         self.counters = {"appends_forwarded": 0, "appends_served": 0, "appends_refused": 0}
+        self._next_request = 1
+        self._pending: dict[int, _Pending] = {}  # appends waiting for their leader's answer
+        self._deadlines: deque[tuple[float, int]] = deque()  # in the order they were sent
+        self._outbox: dict[int, list[AppendEntry]] = {}  # this turn's appends, per leader
+        self._answers: dict[int, list[AppendAnswer]] = {}  # this turn's answers, per peer
         mesh.handle(FrameType.APPEND, self._on_append)
+        mesh.handle(FrameType.APPENDED, self._on_appended)
+        mesh.before_send += [self._send_appends, self._send_answers]
+        mesh.before_forward = self._answers_first
+        mesh.on_link_down.append(self._leader_down)
+        mesh.on_tick.append(self._expire)
         mesh.handle(FrameType.SYNC, self._on_sync)
         mesh.on_link_up.append(self._on_link_up)
         mesh.on_highs = lambda peer, highs: self.synced(highs)
@@ -92,31 +131,76 @@ class PartitionedLog(LogAccess):
         if self.leadership.leads(partition):
             return self.local.append(message, client_id, done)
         leader = self.leadership.leader_of(partition)
-
-        def answer(reply: Reply | None) -> None:
-            done(self._outcome(partition, leader, reply))
-
-        body = self.encode(message)
-        if not self.mesh.request(leader, lambda request_id: Append(
-                request_id, client_id, body).encode(), answer, timeout=APPEND_TIMEOUT):
+        if leader not in self.mesh.peers:
             self.counters["appends_refused"] += 1
             self.loop.call_soon(done, Refused(
                 ReasonCode.UNSPECIFIED_ERROR,
                 f"partition {partition} is offline: its leader, worker {leader}, is down"))
             return True
+        request_id = self._next_request
+        self._next_request += 1
+        deadline = self.loop.time() + APPEND_TIMEOUT
+        self._pending[request_id] = _Pending(leader, partition, deadline, done)
+        self._deadlines.append((deadline, request_id))
+        outbox = self._outbox.get(leader)
+        if outbox is None:
+            outbox = self._outbox[leader] = []
+        outbox.append((request_id, client_id, self.encode(message)))
+        self.mesh.wake()
+        if len(self._deadlines) == 1:
+            self.mesh.io.schedule(deadline)
         self.counters["appends_forwarded"] += 1
         return True
 
-    def _outcome(self, partition: int, leader: int, reply: Reply | None) -> AppendOutcome:
-        if reply is None:
+    def _send_appends(self) -> None:
+        """Before the mesh writes: one APPEND frame per leader with this turn's publishes."""
+        if not self._outbox:
+            return
+        outbox, self._outbox = self._outbox, {}
+        for leader, entries in outbox.items():
+            if not self.mesh.send(leader, Append(entries).encode()):
+                for request_id, _, _ in entries:
+                    self._fail(request_id, "its leader went down")
+
+    def _on_appended(self, peer: int, frame: Appended) -> None:
+        for answer in frame.answers:
+            pending = self._pending.pop(answer.request_id, None)
+            if pending is None or pending.leader != peer:
+                continue
+            if answer.status:
+                outcome: AppendOutcome = Refused(answer.status, (
+                    f"partition {pending.partition}: refused by its leader "
+                    f"(0x{answer.status:02X})"))
+            else:
+                self.routed(answer.partition, answer.offset)  # all before it came here first
+                outcome = StoredElsewhere(answer.partition, answer.offset, answer.receivers,
+                                          answer.local)
+            pending.done(outcome)
+
+    def _fail(self, request_id: int, why: str) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
             self.counters["appends_refused"] += 1
-            return Refused(ReasonCode.UNSPECIFIED_ERROR,
-                           f"partition {partition}: no answer from its leader, worker {leader}")
-        if reply.status:
-            return Refused(reply.status, f"partition {partition}: refused by its leader "
-                                         f"(0x{reply.status:02X})")
-        self.routed(reply.partition, reply.offset)  # everything before it was forwarded here
-        return StoredElsewhere(reply.partition, reply.offset, reply.receivers)
+            pending.done(Refused(ReasonCode.UNSPECIFIED_ERROR,
+                                 f"partition {pending.partition}: {why}"))
+
+    def _leader_down(self, peer: int) -> None:
+        for request_id in [r for r, p in self._pending.items() if p.leader == peer]:
+            self._fail(request_id, f"its leader, worker {peer}, went down")
+        self._outbox.pop(peer, None)
+
+    def _expire(self, now: float) -> None:
+        deadlines = self._deadlines
+        while deadlines:
+            deadline, request_id = deadlines[0]
+            if request_id not in self._pending:
+                deadlines.popleft()
+                continue
+            if deadline > now:
+                self.mesh.io.schedule(deadline)
+                return
+            deadlines.popleft()
+            self._fail(request_id, f"no answer from its leader within {APPEND_TIMEOUT:.0f} s")
 
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
         if self.leadership.leads(partition):
@@ -173,12 +257,21 @@ class PartitionedLog(LogAccess):
     # ------------------------------------------------------------------ serving peers
 
     def _on_append(self, peer: int, frame: Append) -> None:
-        message = self.decode(frame.message)
+        now = self.loop.time()
+        for request_id, client_id, body in frame.entries:
+            self._append_for(peer, request_id, client_id, self.decode(body, now))
 
-        def reply(status: int, partition: int = 0, offset: int = 0, receivers: int = 0
-                  ) -> None:
-            self.mesh.send(peer, Reply(frame.request_id, status, partition, offset,
-                                       receivers).encode())
+    def _append_for(self, peer: int, request_id: int, client_id: str, message: Message
+                    ) -> None:
+        """Persist a peer's publish, route it once durable, answer (in this turn's batch)."""
+        def answer(status: int, partition: int = 0, offset: int = 0, receivers: int = 0,
+                   local: list[GroupKey] | None = None) -> None:
+            answers = self._answers.get(peer)
+            if answers is None:
+                answers = self._answers[peer] = []
+            answers.append(AppendAnswer(request_id, status, partition, offset, receivers,
+                                        local))
+            self.mesh.wake()
 
         def durable(outcome: AppendOutcome) -> None:
             if not isinstance(outcome, Stored) or self.route_stored is None:
@@ -186,16 +279,40 @@ class PartitionedLog(LogAccess):
                     ReasonCode.UNSPECIFIED_ERROR)
                 log.error("append for worker %d failed topic=%r: %s", peer, message.topic,
                           getattr(outcome, "why", "no broker"))
-                return reply(code)
+                return answer(code)
             self.counters["appends_served"] += 1
-            self.route_stored(message, outcome, lambda receivers: reply(
-                0, outcome.partition, outcome.offset, receivers))
+            if message.retain:  # answered once journaled: forwarded as usual meanwhile
+                self.route_stored(message, outcome, lambda receivers: answer(
+                    0, outcome.partition, outcome.offset, receivers))
+                return
+            mesh = self.mesh
+            mesh.local_for, mesh.local_groups = peer, None  # it delivers this one itself
+            try:
+                self.route_stored(message, outcome, lambda receivers: answer(
+                    0, outcome.partition, outcome.offset, receivers, mesh.local_groups))
+            finally:
+                mesh.local_for = None
 
         partition = self.leadership.partition_for(message.topic)
         if not self.leadership.leads(partition):  # the leaders changed under the sender
-            return reply(ReasonCode.UNSPECIFIED_ERROR)
-        if not self.local.append(message, frame.client_id, durable):
-            reply(ReasonCode.QUOTA_EXCEEDED)
+            return answer(ReasonCode.UNSPECIFIED_ERROR)
+        if not self.local.append(message, client_id, durable):
+            answer(ReasonCode.QUOTA_EXCEEDED)
+
+    def _send_answers(self) -> None:
+        if not self._answers:
+            return
+        answers, self._answers = self._answers, {}
+        for peer, batch in answers.items():
+            self.mesh.send(peer, Appended(batch).encode())
+
+    def _answers_first(self, peer: int) -> None:
+        """A FORWARD is about to go to ``peer``: the answers to its appends routed before it go
+        first, so that the peer delivers its own publishes at their place in the partition's
+        order (the leader's), as it would have delivered them forwarded."""
+        batch = self._answers.pop(peer, None)
+        if batch:
+            self.mesh.send(peer, Appended(batch).encode())
 
     def statistics(self) -> dict[str, Any]:
         return {"leads": list(self.leadership.mine), **self.counters}

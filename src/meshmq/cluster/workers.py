@@ -78,7 +78,7 @@ class WorkerCluster:
         lifecycle = broker.lifecycle
         if config.log.enabled:
             self.log = PartitionedLog(config.log, config.server.data_dir, loop, self.leadership,
-                                      mesh, lifecycle.encode_message, lifecycle.decode_message)
+                                      mesh, lifecycle.encode_message, decode_message)
             self.log.route_stored = broker.publishes.route_stored
         self.retained = OwnedRetained(broker.local_retained, self.leadership, mesh,
                                       lifecycle.encode_message, lifecycle.decode_message)
