@@ -28,8 +28,8 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
   their high watermark.
 * **The view** of a partition led elsewhere only moves on what its leader says, in order on one
   link: the high watermarks in its ``HELLO``, in each ``BARRIER_DONE`` and ``SYNCED``, the
-  position of each persisted message it forwards, and each ``APPENDED`` answer. Every record at or above
-  the view that matches a route of this worker is still to be forwarded here, so a catch-up
+  position of each persisted message it forwards, and each ``APPENDED`` answer. Every record at
+  or above the view that matches a route of this worker is still to be forwarded here, so a catch-up
   that reads up to the view and then goes live neither misses nor repeats one; and since a
   SUBACK waits for a barrier with every peer, a cursor started from the view never reaches
   back before its subscription existed (docs/workers.md).
