@@ -40,8 +40,8 @@ serve: $(BROKER)
 demo: $(SPARK)
 	$(BIN)/meshmq pipeline demo
 
-## Run the whole test suite: lint, then pytest on 2 workers. The mosquitto clients are needed
-## by the interop tests (which skip without them); installing them is best effort.
+## Run the whole test suite: lint, type check, then pytest on 2 workers. The mosquitto clients
+## are needed by the interop tests (which skip without them); installing them is best effort.
 test: $(TEST)
 	@command -v mosquitto_pub >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -54,12 +54,14 @@ test: $(TEST)
 	  fi; \
 	}
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
-## Lint only (in the test environment, where ruff is).
+## Lint and type check only (in the test environment, where ruff and mypy are).
 lint: $(TEST)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 
 ## Remove the virtualenv and build/test caches (not ./data).
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .ruff_cache .mypy_cache

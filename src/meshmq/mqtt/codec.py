@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from meshmq.mqtt.errors import (
     InsufficientData,
@@ -55,11 +56,11 @@ from meshmq.mqtt.packets import (
 )
 from meshmq.mqtt.properties import (
     PROPERTY_TABLE,
-    REPEATABLE,
     PacketKind,
     Properties,
     PropertyId,
     WireType,
+    get_property,
 )
 from meshmq.mqtt.reason_codes import ReasonCode
 
@@ -193,10 +194,11 @@ def encode_properties(props: Properties) -> bytes:
     if not props:
         return b"\x00"
     body = bytearray()
+    value: Any  # what each value is follows from its wire type (PROPERTY_TABLE)
     for pid, value in props.items():
         wire = PROPERTY_TABLE[pid][0]
         if wire is _UTF8_PAIR:
-            for name, val in value:  # type: ignore[attr-defined]
+            for name, val in value:
                 body.append(pid)
                 body += encode_utf8(name)
                 body += encode_utf8(val)
@@ -210,12 +212,16 @@ def encode_properties(props: Properties) -> bytes:
     return encode_varint(len(body)) + body
 
 
-_ENCODE_SCALAR: dict[WireType, Callable[[object], bytes]] = {
-    WireType.BYTE: lambda v: bytes((v,)),  # type: ignore[arg-type]
-    WireType.TWO_BYTE: lambda v: _pack_u16(v),  # type: ignore[arg-type]
-    WireType.FOUR_BYTE: lambda v: _pack_u32(v),  # type: ignore[arg-type]
-    WireType.UTF8: lambda v: encode_utf8(v),  # type: ignore[arg-type]
-    WireType.BINARY: lambda v: encode_binary(v),  # type: ignore[arg-type]
+def _encode_byte(value: int) -> bytes:
+    return bytes((value,))
+
+
+_ENCODE_SCALAR: dict[WireType, Callable[[Any], bytes]] = {
+    WireType.BYTE: _encode_byte,
+    WireType.TWO_BYTE: _pack_u16,
+    WireType.FOUR_BYTE: _pack_u32,
+    WireType.UTF8: encode_utf8,
+    WireType.BINARY: encode_binary,
 }
 
 
@@ -225,11 +231,14 @@ def _decode_byte(data: bytes, pos: int, end: int) -> tuple[int, int]:
     return data[pos], pos + 1
 
 
-_DECODE_SCALAR = {
+_DECODE_NUMBER: dict[WireType, Callable[[bytes, int, int], tuple[int, int]]] = {
     WireType.BYTE: _decode_byte,
     WireType.TWO_BYTE: decode_u16,
     WireType.FOUR_BYTE: decode_u32,
     WireType.VARINT: decode_varint,
+}
+_DECODE_SCALAR: dict[WireType, Callable[[bytes, int, int], tuple[int | str | bytes, int]]] = {
+    **_DECODE_NUMBER,
     WireType.UTF8: decode_utf8,
     WireType.BINARY: decode_binary,
 }
@@ -237,7 +246,7 @@ _DECODE_SCALAR = {
 
 # Reason code for a property value out of its range, where the spec names one other than 0x82:
 # Topic Alias 0 is 0x94 Topic Alias invalid (MQTT-3.3.2-8, spec 3.3.2.3.4 and 4.13.1).
-_OUT_OF_BOUNDS = {PropertyId.TOPIC_ALIAS: ReasonCode.TOPIC_ALIAS_INVALID}
+_OUT_OF_BOUNDS: dict[int, ReasonCode] = {PropertyId.TOPIC_ALIAS: ReasonCode.TOPIC_ALIAS_INVALID}
 
 
 def with_topic_alias(block: bytes, alias: int) -> bytes:
@@ -252,6 +261,7 @@ def with_topic_alias(block: bytes, alias: int) -> bytes:
 
 
 _TOPIC_ALIAS = int(PropertyId.TOPIC_ALIAS)
+_SUBSCRIPTION_IDENTIFIER = int(PropertyId.SUBSCRIPTION_IDENTIFIER)
 
 
 def decode_properties(
@@ -265,6 +275,8 @@ def decode_properties(
     if stop > end:
         raise MalformedPacket("property length runs past the packet")
     props: Properties = {}
+    pairs: list[tuple[str, str]] | None = None  # the USER_PROPERTY list, once there is one
+    ids: list[int] | None = None  # the SUBSCRIPTION_IDENTIFIER list, once there is one
     while pos < stop:
         pid, pos = decode_varint(data, pos, stop)
         entry = PROPERTY_TABLE.get(pid)
@@ -273,21 +285,29 @@ def decode_properties(
         wire, kinds, bounds = entry
         if kind not in kinds:
             raise MalformedPacket(f"property 0x{pid:02X} is not allowed in {kind.name}")
-        if wire is _UTF8_PAIR:
+        if wire is _UTF8_PAIR:  # USER_PROPERTY, the one pair property (it may repeat)
             name, pos = decode_utf8(data, pos, stop)
             val, pos = decode_utf8(data, pos, stop)
-            props.setdefault(pid, []).append((name, val))  # type: ignore[union-attr]
+            if pairs is None:
+                pairs = props[pid] = []
+            pairs.append((name, val))
             continue
-        value, pos = _DECODE_SCALAR[wire](data, pos, stop)
-        if bounds is not None and not bounds[0] <= value <= bounds[1]:  # type: ignore[operator]
-            raise RemoteProtocolError(f"property 0x{pid:02X} has invalid value {value!r}",
-                                      _OUT_OF_BOUNDS.get(pid, ReasonCode.PROTOCOL_ERROR))
-        if pid in REPEATABLE:
-            props.setdefault(pid, []).append(value)  # type: ignore[union-attr]
-        elif pid in props:
+        if bounds is None:
+            value, pos = _DECODE_SCALAR[wire](data, pos, stop)
+        else:  # a number with a range
+            number, pos = _DECODE_NUMBER[wire](data, pos, stop)
+            if not bounds[0] <= number <= bounds[1]:
+                raise RemoteProtocolError(f"property 0x{pid:02X} has invalid value {number!r}",
+                                          _OUT_OF_BOUNDS.get(pid, ReasonCode.PROTOCOL_ERROR))
+            if pid == _SUBSCRIPTION_IDENTIFIER:  # the one repeatable scalar (REPEATABLE)
+                if ids is None:
+                    ids = props[pid] = []
+                ids.append(number)
+                continue
+            value = number
+        if pid in props:
             raise RemoteProtocolError(f"property 0x{pid:02X} appears more than once")
-        else:
-            props[pid] = value
+        props[pid] = value
     return props, pos
 
 
@@ -454,7 +474,8 @@ def decode_publish(data: bytes, pos: int, end: int, flags: int, version: int) ->
     return Publish(topic, data[pos:end], qos, bool(flags & 1), bool(flags & 8), packet_id, props)
 
 
-_ACK_CLASSES = {
+_AckClass = type[Puback] | type[Pubrec] | type[Pubrel] | type[Pubcomp]
+_ACK_CLASSES: dict[int, tuple[_AckClass, frozenset[int], PacketKind]] = {
     PacketType.PUBACK: (Puback, _PUBACK_CODES, PacketKind.PUBACK),
     PacketType.PUBREC: (Pubrec, _PUBACK_CODES, PacketKind.PUBREC),
     PacketType.PUBREL: (Pubrel, _PUBREL_CODES, PacketKind.PUBREL),
@@ -463,7 +484,7 @@ _ACK_CLASSES = {
 
 
 def _decode_ack(ptype: int, data: bytes, pos: int, end: int, version: int) -> Packet:
-    cls, codes, kind = _ACK_CLASSES[ptype]  # type: ignore[index]
+    cls, codes, kind = _ACK_CLASSES[ptype]
     packet_id, pos = _need_packet_id(data, pos, end)
     code = 0
     props: Properties = {}
@@ -482,7 +503,7 @@ def decode_subscribe(data: bytes, pos: int, end: int, version: int) -> Subscribe
     props: Properties = {}
     if version == MQTT_5:
         props, pos = decode_properties(data, pos, end, PacketKind.SUBSCRIBE)
-        if len(props.get(PropertyId.SUBSCRIPTION_IDENTIFIER, ())) > 1:  # type: ignore[arg-type]
+        if len(get_property(props, PropertyId.SUBSCRIPTION_IDENTIFIER) or ()) > 1:
             raise RemoteProtocolError("more than one subscription identifier")
     subscriptions: list[tuple[str, SubscriptionOptions]] = []
     while pos < end:
@@ -585,7 +606,7 @@ def _decode_empty(cls: type[Pingreq] | type[Pingresp], pos: int, end: int) -> Pa
 
 
 # Required fixed-header flag nibble per packet type (MQTT-2.1.3-1); PUBLISH is free-form.
-_REQUIRED_FLAGS = {
+_REQUIRED_FLAGS: dict[int, int] = {
     PacketType.CONNECT: 0, PacketType.CONNACK: 0, PacketType.PUBACK: 0, PacketType.PUBREC: 0,
     PacketType.PUBREL: 2, PacketType.PUBCOMP: 0, PacketType.SUBSCRIBE: 2, PacketType.SUBACK: 0,
     PacketType.UNSUBSCRIBE: 2, PacketType.UNSUBACK: 0, PacketType.PINGREQ: 0,
@@ -607,7 +628,7 @@ def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> 
     try:
         if ptype == _PUBLISH:
             return decode_publish(data, pos, end, flags, version)
-        required = _REQUIRED_FLAGS.get(ptype)  # type: ignore[call-overload]
+        required = _REQUIRED_FLAGS.get(ptype)
         if required is None:
             raise MalformedPacket(f"reserved packet type {ptype}")
         if flags != required and not (
@@ -657,7 +678,7 @@ def encode_publish(
     an encoded property block for 5.0 (``b"\\x00"`` when empty) or ``None`` for 3.1.1.
     """
     first = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
-    middle = _pack_u16(packet_id) if qos else b""  # type: ignore[arg-type]
+    middle = _pack_u16(packet_id) if qos else b""
     if properties is not None:
         middle += properties
     topic_length = len(topic)
@@ -775,22 +796,23 @@ def _encode_reason_packet(packet: Disconnect | Auth, version: int) -> bytes:
     return _frame(first, body)
 
 
-_ENCODERS: dict[int, Callable[[Packet, int], bytes]] = {
-    PacketType.CONNECT: _encode_connect,  # type: ignore[dict-item]
-    PacketType.CONNACK: _encode_connack,  # type: ignore[dict-item]
-    PacketType.PUBLISH: _encode_publish_packet,  # type: ignore[dict-item]
-    PacketType.PUBACK: _encode_ack,  # type: ignore[dict-item]
-    PacketType.PUBREC: _encode_ack,  # type: ignore[dict-item]
-    PacketType.PUBREL: _encode_ack,  # type: ignore[dict-item]
-    PacketType.PUBCOMP: _encode_ack,  # type: ignore[dict-item]
-    PacketType.SUBSCRIBE: _encode_subscribe,  # type: ignore[dict-item]
-    PacketType.SUBACK: _encode_suback,  # type: ignore[dict-item]
-    PacketType.UNSUBSCRIBE: _encode_unsubscribe,  # type: ignore[dict-item]
-    PacketType.UNSUBACK: _encode_suback,  # type: ignore[dict-item]
+# Each encoder takes the packet class of its key (Any: a dict cannot say so per key).
+_ENCODERS: dict[int, Callable[[Any, int], bytes]] = {
+    PacketType.CONNECT: _encode_connect,
+    PacketType.CONNACK: _encode_connack,
+    PacketType.PUBLISH: _encode_publish_packet,
+    PacketType.PUBACK: _encode_ack,
+    PacketType.PUBREC: _encode_ack,
+    PacketType.PUBREL: _encode_ack,
+    PacketType.PUBCOMP: _encode_ack,
+    PacketType.SUBSCRIBE: _encode_subscribe,
+    PacketType.SUBACK: _encode_suback,
+    PacketType.UNSUBSCRIBE: _encode_unsubscribe,
+    PacketType.UNSUBACK: _encode_suback,
     PacketType.PINGREQ: lambda p, v: b"\xc0\x00",
     PacketType.PINGRESP: lambda p, v: b"\xd0\x00",
-    PacketType.DISCONNECT: _encode_reason_packet,  # type: ignore[dict-item]
-    PacketType.AUTH: _encode_reason_packet,  # type: ignore[dict-item]
+    PacketType.DISCONNECT: _encode_reason_packet,
+    PacketType.AUTH: _encode_reason_packet,
 }
 
 

@@ -37,6 +37,7 @@ on the next loop turn, so one peer's large read cannot monopolise the event loop
 from __future__ import annotations
 
 from enum import Enum
+from typing import Final
 
 from meshmq.mqtt.aliases import OutgoingAliases
 from meshmq.mqtt.codec import (
@@ -58,6 +59,7 @@ from meshmq.mqtt.packets import (
     Disconnect,
     Packet,
     PacketType,
+    PacketWithProperties,
     Puback,
     Pubcomp,
     Publish,
@@ -66,7 +68,7 @@ from meshmq.mqtt.packets import (
     Suback,
     Unsuback,
 )
-from meshmq.mqtt.properties import Properties, PropertyId
+from meshmq.mqtt.properties import Properties, PropertyId, get_property, pop_property
 from meshmq.mqtt.reason_codes import ReasonCode, connack_code_311
 from meshmq.mqtt.topics import validate_topic_name
 
@@ -88,12 +90,12 @@ _CLIENT_FORBIDDEN = frozenset(
 )
 # Enum members as module constants: reading an Enum class attribute costs several times a
 # global lookup on CPython 3.11, and ``_accept`` compares every packet's type.
-_PUBLISH = PacketType.PUBLISH
-_CONNECT = PacketType.CONNECT
-_PINGREQ = PacketType.PINGREQ
-_PUBREL = PacketType.PUBREL
-_DISCONNECT = PacketType.DISCONNECT
-_AUTH = PacketType.AUTH
+_PUBLISH: Final = PacketType.PUBLISH
+_CONNECT: Final = PacketType.CONNECT
+_PINGREQ: Final = PacketType.PINGREQ
+_PUBREL: Final = PacketType.PUBREL
+_DISCONNECT: Final = PacketType.DISCONNECT
+_AUTH: Final = PacketType.AUTH
 _PINGRESP = b"\xd0\x00"
 TOPIC_CACHE_SIZE = 64  # validated topic names remembered per connection (see _fast_publish)
 _PROBLEM_PROPS = (PropertyId.REASON_STRING, PropertyId.USER_PROPERTY)
@@ -242,9 +244,9 @@ class ServerConnection:
                 if stop - pos > self.max_packet_size:
                     self._too_large(stop - start)
                 if first >> 4 == 3:
-                    packet = self._fast_publish(first, data, start, stop)
-                    if packet is not None:
-                        add_event(packet)
+                    publish = self._fast_publish(first, data, start, stop)
+                    if publish is not None:
+                        add_event(publish)
                         pos = stop
                         continue
                 elif first == 0x40 and stop - start == 2 and self.state is not AWAIT_CONNECT:
@@ -283,24 +285,28 @@ class ServerConnection:
         topic = self._topics.get(data[start + 2 : pos])
         if topic is None:
             return None
-        packet_id = None
-        if qos:
-            packet_id = (data[pos] << 8) | data[pos + 1] if pos + 2 <= stop else 0
-            if not packet_id:
-                return None
-            pos += 2
+        if not qos:
+            if self.version == MQTT_5:
+                if pos >= stop or data[pos]:
+                    return None  # properties (or a malformed end): the full decoder has them
+                pos += 1
+            return Publish(topic, data[pos:stop], 0, bool(first & 1), False, None, {})
+        packet_id = (data[pos] << 8) | data[pos + 1] if pos + 2 <= stop else 0
+        if not packet_id:
+            return None
+        pos += 2
         if self.version == MQTT_5:
             if pos >= stop or data[pos]:
-                return None  # properties (or a malformed end): the full decoder handles them
+                return None
             pos += 1
         if qos == 1:
             if self._qos1_in + len(self._qos2_in) >= self.receive_maximum:
                 return None
             self._qos1_in += 1
-        elif qos == 2 and packet_id not in self._qos2_in:
+        elif packet_id not in self._qos2_in:
             if self._qos1_in + len(self._qos2_in) >= self.receive_maximum:
                 return None
-            self._qos2_in.add(packet_id)  # type: ignore[arg-type]
+            self._qos2_in.add(packet_id)
         return Publish(topic, data[pos:stop], qos, bool(first & 1), bool(first & 8), packet_id,
                        {})
 
@@ -331,26 +337,26 @@ class ServerConnection:
         return events
 
     def _accept(self, packet: Packet) -> None:
-        ptype = packet.type
-        if ptype is _PUBLISH:
+        # ``packet.type`` in each test (not a local) lets the type checker narrow ``packet``.
+        if packet.type is _PUBLISH:
             if self.state is AWAIT_CONNECT:
                 raise RemoteProtocolError("PUBLISH before CONNECT")  # MQTT-3.1.0-1
-            self._check_publish(packet)  # type: ignore[arg-type]
-        elif ptype is _CONNECT:
-            self._on_connect(packet)  # type: ignore[arg-type]
+            self._check_publish(packet)
+        elif packet.type is _CONNECT:
+            self._on_connect(packet)
         elif self.state is AWAIT_CONNECT:
-            raise RemoteProtocolError(f"{ptype.name} before CONNECT")  # MQTT-3.1.0-1
-        elif ptype is _PINGREQ:
+            raise RemoteProtocolError(f"{packet.type.name} before CONNECT")  # MQTT-3.1.0-1
+        elif packet.type is _PINGREQ:
             self._out.append(_PINGRESP)
             return
-        elif ptype is _PUBREL:
-            self._qos2_in.discard(packet.packet_id)  # type: ignore[union-attr]
-        elif ptype is _DISCONNECT:
-            self._on_disconnect(packet)  # type: ignore[arg-type]
-        elif ptype is _AUTH:
+        elif packet.type is _PUBREL:
+            self._qos2_in.discard(packet.packet_id)
+        elif packet.type is _DISCONNECT:
+            self._on_disconnect(packet)
+        elif packet.type is _AUTH:
             raise RemoteProtocolError("AUTH without an authentication method")  # MQTT-4.12.0-1
-        elif ptype in _CLIENT_FORBIDDEN:
-            raise RemoteProtocolError(f"a client must not send {ptype.name}")
+        elif packet.type in _CLIENT_FORBIDDEN:
+            raise RemoteProtocolError(f"a client must not send {packet.type.name}")
         self._events.append(packet)
 
     def _on_connect(self, packet: Connect) -> None:
@@ -366,10 +372,13 @@ class ServerConnection:
                 f" got {len(packet.client_id)}", ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
         props = packet.properties
         if props:
-            self.client_receive_maximum = props.get(PropertyId.RECEIVE_MAXIMUM, 65535)  # type: ignore[assignment]
-            self.client_max_packet_size = props.get(PropertyId.MAXIMUM_PACKET_SIZE, UNLIMITED)  # type: ignore[assignment]
-            self.client_topic_alias_maximum = props.get(PropertyId.TOPIC_ALIAS_MAXIMUM, 0)  # type: ignore[assignment]
-            self.problem_information = props.get(PropertyId.REQUEST_PROBLEM_INFORMATION, 1) == 1
+            self.client_receive_maximum = get_property(props, PropertyId.RECEIVE_MAXIMUM, 65535)
+            self.client_max_packet_size = get_property(
+                props, PropertyId.MAXIMUM_PACKET_SIZE, UNLIMITED)
+            self.client_topic_alias_maximum = get_property(
+                props, PropertyId.TOPIC_ALIAS_MAXIMUM, 0)
+            self.problem_information = get_property(
+                props, PropertyId.REQUEST_PROBLEM_INFORMATION, 1) == 1
         if packet.will is not None:
             validate_topic_name(packet.will.topic, self.max_topic_levels)  # MQTT-3.1.3-11
             self._check_topic_bytes(packet.will.topic)
@@ -384,9 +393,9 @@ class ServerConnection:
             if PropertyId.SUBSCRIPTION_IDENTIFIER in props:
                 # MQTT-3.3.4-6
                 raise RemoteProtocolError("client PUBLISH with subscription identifier")
-            alias = props.pop(PropertyId.TOPIC_ALIAS, None)
+            alias = pop_property(props, PropertyId.TOPIC_ALIAS, None)
             if alias is not None:
-                self._resolve_alias(packet, alias)  # type: ignore[arg-type]
+                self._resolve_alias(packet, alias)
         topic = packet.topic
         if not topic:
             raise RemoteProtocolError("empty topic name", ReasonCode.TOPIC_NAME_INVALID)
@@ -401,9 +410,11 @@ class ServerConnection:
         if qos == 1:
             self._qos1_in += 1
         elif qos == 2:
-            if packet.packet_id in self._qos2_in:
+            packet_id = packet.packet_id
+            assert packet_id is not None  # a QoS 2 PUBLISH has one (decode_publish)
+            if packet_id in self._qos2_in:
                 return  # a resend of a message we still hold: not a new slot
-            self._qos2_in.add(packet.packet_id)  # type: ignore[arg-type]
+            self._qos2_in.add(packet_id)
         else:
             return
         if self._qos1_in + len(self._qos2_in) > self.receive_maximum:
@@ -444,9 +455,10 @@ class ServerConnection:
         packet.topic = topic
 
     def _on_disconnect(self, packet: Disconnect) -> None:
-        requested = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+        requested = get_property(packet.properties, PropertyId.SESSION_EXPIRY_INTERVAL)
         if requested and self.connect is not None:
-            original = self.connect.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+            original = get_property(
+                self.connect.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0)
             if not original:
                 # MQTT-3.14.2-2
                 raise RemoteProtocolError("session expiry set on DISCONNECT after 0")
@@ -495,15 +507,15 @@ class ServerConnection:
         self.pending_output += size
         return True
 
-    def send(self, packet: Packet) -> bool:
+    def send(self, packet: PacketWithProperties) -> bool:
         """Encode and queue ``packet`` for this client's protocol version."""
         if self.state is CLOSED:
             return False
-        if not self.problem_information and packet.properties and packet.type not in (  # type: ignore[union-attr]
+        if not self.problem_information and packet.properties and packet.type not in (
             PacketType.PUBLISH, PacketType.CONNACK, PacketType.DISCONNECT
         ):
             for pid in _PROBLEM_PROPS:  # MQTT-3.1.2-29
-                packet.properties.pop(pid, None)  # type: ignore[union-attr]
+                packet.properties.pop(pid, None)
         return self.send_frame(encode_packet(packet, self.version))
 
     def send_connack(

@@ -2,13 +2,16 @@
 
 One class per packet type; fields carry decoded values only, never bytes of the frame. Reason
 codes default to success; ``properties`` is always a dict (empty for 3.1.1 peers). The codec in
-``codec.py`` turns these into bytes and back for a given protocol version.
+``codec.py`` turns these into bytes and back for a given protocol version. Each class's ``type``
+is a class attribute typed with its one value, so that ``packet.type is PacketType.X`` tells
+the type checker which class a ``Packet`` is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import ClassVar, Literal
 
 from meshmq.mqtt.properties import Properties
 
@@ -55,7 +58,7 @@ class Connect:
     will: Will | None = None
     properties: Properties = field(default_factory=dict)
     protocol_name: str = "MQTT"
-    type = PacketType.CONNECT
+    type: ClassVar[Literal[PacketType.CONNECT]] = PacketType.CONNECT
 
 
 @dataclass(slots=True)
@@ -63,7 +66,7 @@ class Connack:
     session_present: bool = False
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.CONNACK
+    type: ClassVar[Literal[PacketType.CONNACK]] = PacketType.CONNACK
 
 
 @dataclass(slots=True)
@@ -75,7 +78,7 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBLISH
+    type: ClassVar[Literal[PacketType.PUBLISH]] = PacketType.PUBLISH
 
 
 @dataclass(slots=True)
@@ -83,7 +86,7 @@ class Puback:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBACK
+    type: ClassVar[Literal[PacketType.PUBACK]] = PacketType.PUBACK
 
 
 @dataclass(slots=True)
@@ -91,7 +94,7 @@ class Pubrec:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBREC
+    type: ClassVar[Literal[PacketType.PUBREC]] = PacketType.PUBREC
 
 
 @dataclass(slots=True)
@@ -99,7 +102,7 @@ class Pubrel:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBREL
+    type: ClassVar[Literal[PacketType.PUBREL]] = PacketType.PUBREL
 
 
 @dataclass(slots=True)
@@ -107,7 +110,7 @@ class Pubcomp:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.PUBCOMP
+    type: ClassVar[Literal[PacketType.PUBCOMP]] = PacketType.PUBCOMP
 
 
 @dataclass(slots=True, frozen=True)
@@ -123,7 +126,7 @@ class Subscribe:
     packet_id: int
     subscriptions: list[tuple[str, SubscriptionOptions]]
     properties: Properties = field(default_factory=dict)
-    type = PacketType.SUBSCRIBE
+    type: ClassVar[Literal[PacketType.SUBSCRIBE]] = PacketType.SUBSCRIBE
 
 
 @dataclass(slots=True)
@@ -131,7 +134,7 @@ class Suback:
     packet_id: int
     reason_codes: list[int]
     properties: Properties = field(default_factory=dict)
-    type = PacketType.SUBACK
+    type: ClassVar[Literal[PacketType.SUBACK]] = PacketType.SUBACK
 
 
 @dataclass(slots=True)
@@ -139,7 +142,7 @@ class Unsubscribe:
     packet_id: int
     topic_filters: list[str]
     properties: Properties = field(default_factory=dict)
-    type = PacketType.UNSUBSCRIBE
+    type: ClassVar[Literal[PacketType.UNSUBSCRIBE]] = PacketType.UNSUBSCRIBE
 
 
 @dataclass(slots=True)
@@ -147,34 +150,39 @@ class Unsuback:
     packet_id: int
     reason_codes: list[int] = field(default_factory=list)  # empty for 3.1.1
     properties: Properties = field(default_factory=dict)
-    type = PacketType.UNSUBACK
+    type: ClassVar[Literal[PacketType.UNSUBACK]] = PacketType.UNSUBACK
 
 
 @dataclass(slots=True)
 class Pingreq:
-    type = PacketType.PINGREQ
+    type: ClassVar[Literal[PacketType.PINGREQ]] = PacketType.PINGREQ
 
 
 @dataclass(slots=True)
 class Pingresp:
-    type = PacketType.PINGRESP
+    type: ClassVar[Literal[PacketType.PINGRESP]] = PacketType.PINGRESP
 
 
 @dataclass(slots=True)
 class Disconnect:
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.DISCONNECT
+    type: ClassVar[Literal[PacketType.DISCONNECT]] = PacketType.DISCONNECT
 
 
 @dataclass(slots=True)
 class Auth:
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
-    type = PacketType.AUTH
+    type: ClassVar[Literal[PacketType.AUTH]] = PacketType.AUTH
 
 
 Packet = (
     Connect | Connack | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Suback
     | Unsubscribe | Unsuback | Pingreq | Pingresp | Disconnect | Auth
+)
+# Every packet but the two PINGs carries properties (an empty dict before 5.0).
+PacketWithProperties = (
+    Connect | Connack | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Suback
+    | Unsubscribe | Unsuback | Disconnect | Auth
 )

@@ -1,14 +1,22 @@
 """MQTT 5.0 properties (spec section 2.2.2): identifiers, wire types, where each may appear.
 
-A property set is a plain ``dict[int, object]`` keyed by ``PropertyId``: scalar properties map to
-their value, ``USER_PROPERTY`` maps to a list of ``(name, value)`` string pairs and
+A property set is a plain ``dict[int, PropertyValue]`` keyed by ``PropertyId``: scalar
+properties map to their value (an ``int``, ``str`` or ``bytes``, as ``PROPERTY_TABLE`` says),
+``USER_PROPERTY`` maps to a list of ``(name, value)`` string pairs and
 ``SUBSCRIPTION_IDENTIFIER`` to a list of ints (it may repeat in a PUBLISH sent by the server).
 Plain dicts keep the hot path cheap and make "forward untouched" a matter of passing one along.
+
+Read a property with ``get_property(props, PropertyId.X[, default])``: the type checker then
+knows the value's type from the key (``int | None`` for ``MESSAGE_EXPIRY_INTERVAL``, a list of
+pairs for ``USER_PROPERTY``...). At run time it *is* ``dict.get``, so it costs what
+``props.get`` costs; the types it promises hold because the codec decodes each property with
+its wire type (the key groups below are checked against ``PROPERTY_TABLE`` by the tests).
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING, Literal, overload
 
 
 class PropertyId(IntEnum):
@@ -41,7 +49,66 @@ class PropertyId(IntEnum):
     SHARED_SUBSCRIPTION_AVAILABLE = 0x2A
 
 
-Properties = dict[int, object]
+PropertyValue = int | str | bytes | list[int] | list[tuple[str, str]]
+Properties = dict[int, PropertyValue]
+
+# The properties of each value type (their wire types in PROPERTY_TABLE below).
+IntProperty = Literal[
+    PropertyId.PAYLOAD_FORMAT_INDICATOR,
+    PropertyId.MESSAGE_EXPIRY_INTERVAL,
+    PropertyId.SESSION_EXPIRY_INTERVAL,
+    PropertyId.SERVER_KEEP_ALIVE,
+    PropertyId.REQUEST_PROBLEM_INFORMATION,
+    PropertyId.WILL_DELAY_INTERVAL,
+    PropertyId.REQUEST_RESPONSE_INFORMATION,
+    PropertyId.RECEIVE_MAXIMUM,
+    PropertyId.TOPIC_ALIAS_MAXIMUM,
+    PropertyId.TOPIC_ALIAS,
+    PropertyId.MAXIMUM_QOS,
+    PropertyId.RETAIN_AVAILABLE,
+    PropertyId.MAXIMUM_PACKET_SIZE,
+    PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE,
+    PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE,
+    PropertyId.SHARED_SUBSCRIPTION_AVAILABLE,
+]
+StrProperty = Literal[
+    PropertyId.CONTENT_TYPE,
+    PropertyId.RESPONSE_TOPIC,
+    PropertyId.ASSIGNED_CLIENT_IDENTIFIER,
+    PropertyId.AUTHENTICATION_METHOD,
+    PropertyId.RESPONSE_INFORMATION,
+    PropertyId.SERVER_REFERENCE,
+    PropertyId.REASON_STRING,
+]
+BytesProperty = Literal[PropertyId.CORRELATION_DATA, PropertyId.AUTHENTICATION_DATA]
+UserProperty = Literal[PropertyId.USER_PROPERTY]
+SubscriptionIdentifier = Literal[PropertyId.SUBSCRIPTION_IDENTIFIER]
+
+if TYPE_CHECKING:  # the typed view of dict.get and dict.pop; these bodies never run
+
+    @overload
+    def get_property(props: Properties, key: IntProperty, /) -> int | None: ...
+    @overload
+    def get_property(props: Properties, key: IntProperty, default: int, /) -> int: ...
+    @overload
+    def get_property(props: Properties, key: StrProperty, /) -> str | None: ...
+    @overload
+    def get_property(props: Properties, key: BytesProperty, /) -> bytes | None: ...
+    @overload
+    def get_property(
+        props: Properties, key: UserProperty, /) -> list[tuple[str, str]] | None: ...
+    @overload
+    def get_property(props: Properties, key: SubscriptionIdentifier, /) -> list[int] | None: ...
+    def get_property(props: Properties, key: int, default: object = None, /) -> object:
+        return props.get(key, default)
+
+    def pop_property(props: Properties, key: IntProperty, default: None, /) -> int | None:
+        value = props.pop(key, default)
+        return value if isinstance(value, int) else None
+
+else:
+    get_property = dict.get
+    pop_property = dict.pop
 
 
 class WireType(IntEnum):

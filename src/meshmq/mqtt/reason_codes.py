@@ -69,7 +69,7 @@ def connack_code_311(reason: int) -> int:
     return _TO_311.get(reason, ConnackReturnCode311.SERVER_UNAVAILABLE)
 
 
-_TO_311 = {
+_TO_311: dict[int, ConnackReturnCode311] = {
     ReasonCode.UNSUPPORTED_PROTOCOL_VERSION: ConnackReturnCode311.UNACCEPTABLE_PROTOCOL_VERSION,
     ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: ConnackReturnCode311.IDENTIFIER_REJECTED,
     ReasonCode.BAD_USER_NAME_OR_PASSWORD: ConnackReturnCode311.BAD_USER_NAME_OR_PASSWORD,
