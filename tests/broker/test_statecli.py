@@ -133,6 +133,24 @@ def test_verify_finds_every_bad_line_and_repair_keeps_every_good_one(
     assert cli("verify", "-d", str(data_dir))[0] == 0
 
 
+def test_an_operation_that_is_not_a_string_is_a_damaged_line(tmp_path: Path) -> None:
+    """An "op" that JSON decodes to a list or an object (unhashable) is reported like any
+    other bad line, not a crash."""
+    journal = write_state(tmp_path, [session(1), session(2), session(3)])
+    lines = journal.read_bytes().split(b"\n")
+    lines[0] = b'{"op":["session"],"client_id":"c1"}'
+    lines[2] = b'{"op":{"session":1},"client_id":"c3"}'
+    journal.write_bytes(b"\n".join(lines))
+    code, out, err = cli("verify", "-d", str(tmp_path))
+    assert (code, err) == (1, "")
+    assert (f"problem: {journal}:1: damaged line (unknown state operation ['session'])"
+            in out)
+    assert (f"problem: {journal}:3: damaged line (unknown state operation {{'session': 1}})"
+            in out)
+    assert cli("repair", "-d", str(tmp_path))[0] == 0
+    assert load_state(tmp_path) == expected_state([session(2)])
+
+
 def test_repair_text_names_each_line_cut_and_the_copy(tmp_path: Path) -> None:
     journal = write_state(tmp_path, [session(1), subs(1), retain(1)])
     lines = journal.read_bytes().split(b"\n")

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 from meshmq.auth.passwords import PasswordFileError, PasswordVerifier
 from meshmq.config import AuthConfig
@@ -21,6 +22,15 @@ from meshmq.mqtt.reason_codes import ReasonCode
 log = logging.getLogger("meshmq.auth")
 
 MAX_PENDING = 256  # concurrent verifications; beyond this a CONNECT gets Server Busy
+
+
+class ConnectAuthenticator(Protocol):
+    """What the broker asks of its authenticator (``Authenticator``, or the certificate
+    authenticator wrapped around it)."""
+
+    def check(self, packet: Connect, done: Callable[[int], None]) -> int | None: ...
+    def reload(self, password_file: str) -> None: ...
+    def close(self) -> None: ...
 
 
 class Authenticator:

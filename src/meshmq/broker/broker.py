@@ -28,7 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from meshmq.auth.acl import AccessControl, ACLFileError
-from meshmq.broker.authn import Authenticator
+from meshmq.broker.authn import Authenticator, ConnectAuthenticator
 from meshmq.broker.connects import Connects
 from meshmq.broker.keeper import StateKeeper
 from meshmq.broker.lifecycle import Lifecycle
@@ -81,7 +81,7 @@ class Broker:
         self.index = index
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.sessions)
-        self.authenticator = Authenticator(config.auth, loop)
+        self.authenticator: ConnectAuthenticator = Authenticator(config.auth, loop)
         self.acl = AccessControl.from_file(config.auth.acl_file) if config.auth.acl_file else None
         self.persistence: PartitionLog | None = (
             Persistence(config.log, config.server.data_dir, loop)

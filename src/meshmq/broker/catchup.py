@@ -37,7 +37,7 @@ from meshmq.broker.message import Message
 from meshmq.log.errors import OffsetOutOfRange
 from meshmq.log.record import Record
 from meshmq.mqtt.codec import decode_properties
-from meshmq.mqtt.properties import PacketKind, Properties, PropertyId
+from meshmq.mqtt.properties import PacketKind, Properties, PropertyId, get_property
 from meshmq.mqtt.topics import topic_matches
 
 if TYPE_CHECKING:
@@ -200,10 +200,10 @@ def message_from_record(record: Record, partition: int, loop_now: float) -> Mess
         properties, _ = decode_properties(
             record.properties, 0, len(record.properties), PacketKind.PUBLISH
         )
-    expiry = properties.get(PropertyId.MESSAGE_EXPIRY_INTERVAL)
+    expiry = get_property(properties, PropertyId.MESSAGE_EXPIRY_INTERVAL)
     if expiry is not None:
         age = (int(time.time() * 1000) - record.timestamp_ms) // 1000
-        remaining = int(expiry) - max(age, 0)  # type: ignore[call-overload]
+        remaining = expiry - max(age, 0)
         if remaining <= 0:
             return None
         properties[PropertyId.MESSAGE_EXPIRY_INTERVAL] = remaining

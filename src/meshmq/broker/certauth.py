@@ -15,8 +15,8 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from meshmq.broker.authn import ConnectAuthenticator
 from meshmq.mqtt.packets import Connect
 
 log = logging.getLogger("meshmq.auth")
@@ -37,7 +37,7 @@ def certify(packet: Connect, username: str) -> CertifiedConnect:
 class CertificateAuthenticator:
     """Wraps the broker's authenticator: certified CONNECTs pass, the rest go to ``inner``."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: ConnectAuthenticator) -> None:
         self.inner = inner
 
     def check(self, packet: Connect, done: Callable[[int], None]) -> int | None:
@@ -46,5 +46,8 @@ class CertificateAuthenticator:
             return 0
         return self.inner.check(packet, done)
 
-    def __getattr__(self, name: str) -> Any:  # close(), pending, ... of the wrapped one
-        return getattr(self.inner, name)
+    def reload(self, password_file: str) -> None:
+        self.inner.reload(password_file)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -24,7 +24,7 @@ from meshmq.broker.lifecycle import NEVER_EXPIRES, cancel_timers, protocol_name
 from meshmq.broker.message import PositionsRequestError, wants_positions
 from meshmq.logsetup import kv
 from meshmq.mqtt.packets import MQTT_5, Connect
-from meshmq.mqtt.properties import Properties, PropertyId
+from meshmq.mqtt.properties import Properties, PropertyId, get_property
 from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -199,10 +199,10 @@ class Connects:
 
     def _session_expiry(self, packet: Connect, v5: bool) -> int:
         if v5:
-            requested = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+            requested = get_property(packet.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0)
         else:
             requested = 0 if packet.clean_start else NEVER_EXPIRES
-        return min(requested, self.broker.config.session.max_session_expiry)  # type: ignore[type-var]
+        return min(requested, self.broker.config.session.max_session_expiry)
 
     def _connack_properties(
         self, packet: Connect, assigned: str | None, keep_alive: int, expiry: int
@@ -219,7 +219,7 @@ class Connects:
             props[PropertyId.USER_PROPERTY] = [(WORKER_PROPERTY, str(self.broker.index))]
         if keep_alive != packet.keep_alive:
             props[PropertyId.SERVER_KEEP_ALIVE] = keep_alive  # MQTT-3.2.2-21
-        if expiry != packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0):
+        if expiry != get_property(packet.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0):
             props[PropertyId.SESSION_EXPIRY_INTERVAL] = expiry
         if cfg.max_qos < 2:
             props[PropertyId.MAXIMUM_QOS] = cfg.max_qos

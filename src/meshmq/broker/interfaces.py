@@ -33,7 +33,7 @@ class Peers(Protocol):
     """The node's other routers, as the router sees them."""
 
     def route(self, message: Message, local_groups: Collection[SharedKey], now: float
-              ) -> tuple[list[SharedKey], int]:
+              ) -> tuple[Collection[SharedKey], int]:
         """After the local plain deliveries: send ``message`` to every peer with a match and
         choose, for each shared group (``local_groups``: those with members here), who serves
         it. Returns the groups to serve here and the number of peers sent to."""

@@ -10,6 +10,15 @@ import asyncio
 from typing import Any
 
 
+def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """The transport ``connection_made`` receives, typed as the stream transport it is.
+
+    The asyncio stubs type that argument ``BaseTransport``, and uvloop's transports do not
+    subclass ``asyncio.Transport``, so ``isinstance`` cannot narrow it; every stream transport,
+    uvloop's included, has the ``Transport`` methods."""
+    return transport  # type: ignore[return-value]  # the asyncio stubs and uvloop, above
+
+
 class StackedLayer:
     below: Any  # asyncio.Transport | None
     inner: Any  # asyncio.BaseProtocol | None
@@ -22,6 +31,10 @@ class StackedLayer:
     def resume_writing(self) -> None:
         if self.inner is not None:
             self.inner.resume_writing()
+
+    def close(self) -> None:
+        """Close gracefully: each layer runs its own closing handshake, then its socket's."""
+        raise NotImplementedError
 
     def abort(self) -> None:
         self._closing = True

@@ -33,7 +33,7 @@ from meshmq.broker.snapshot import SessionSnapshot, SnapshotError
 from meshmq.broker.wire import decode_message, encode_message
 from meshmq.logsetup import kv
 from meshmq.mqtt.packets import MQTT_5, Disconnect
-from meshmq.mqtt.properties import PropertyId
+from meshmq.mqtt.properties import PropertyId, get_property
 from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -101,8 +101,8 @@ class Lifecycle:
         offline = (now_ms - session.detached_at) / 1000
         will = snapshot.will
         if will is not None:
-            delay = will.properties.get(PropertyId.WILL_DELAY_INTERVAL, 0)
-            remaining = max(0.0, min(delay, snapshot.expiry) - offline)  # type: ignore[type-var]
+            delay = get_property(will.properties, PropertyId.WILL_DELAY_INTERVAL, 0)
+            remaining = max(0.0, min(delay, snapshot.expiry) - offline)
             session.will = will
             session.will_handle = self.loop.call_later(remaining, self.publish_will, session,
                                                        will)
@@ -209,9 +209,9 @@ class Lifecycle:
         session = client.session
         if session is None:
             return
-        expiry = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+        expiry = get_property(packet.properties, PropertyId.SESSION_EXPIRY_INTERVAL)
         if expiry is not None:
-            session.expiry_interval = min(expiry, self.broker.config.session.max_session_expiry)  # type: ignore[type-var]
+            session.expiry_interval = min(expiry, self.broker.config.session.max_session_expiry)
         if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
             session.will = None  # MQTT-3.1.2-10: a normal DISCONNECT discards the will
 
@@ -232,10 +232,10 @@ class Lifecycle:
         session.will = None
         now = self.loop.time()
         if will is not None:
-            delay = will.properties.get(PropertyId.WILL_DELAY_INTERVAL, 0)
+            delay = get_property(will.properties, PropertyId.WILL_DELAY_INTERVAL, 0)
             if delay and session.expiry_interval:
                 session.will_handle = self.loop.call_later(
-                    min(delay, session.expiry_interval), self.publish_will, session, will  # type: ignore[type-var]
+                    min(delay, session.expiry_interval), self.publish_will, session, will
                 )
                 session.will = will  # still pending: a reconnect cancels it
             else:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.admission import Admission, Decision, NetworkRules, Ticket, Verdict
 from meshmq.broker.certauth import CertificateAuthenticator
+from meshmq.broker.layer import stream_transport
 from meshmq.broker.protocol import ClientProtocol
 from meshmq.broker.tls import ServerCertificates
 from meshmq.broker.tlslayer import TLSLayer
@@ -44,7 +45,7 @@ from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
-    from meshmq.config import BrokerConfig
+    from meshmq.config import BrokerConfig, ServerConfig, TLSConfig, WebSocketConfig
 
 log = logging.getLogger("meshmq.listener")
 
@@ -69,19 +70,23 @@ class ListenerSpec:
 
 def listener_specs(config: BrokerConfig) -> list[ListenerSpec]:
     """The enabled listeners, TCP first (it is always on)."""
-    specs = []
-    for name, section, tls, websocket in (
-        ("tcp", config.server, False, False), ("tls", config.tls, True, False),
-        ("ws", config.ws, False, True), ("wss", config.wss, True, True),
-    ):
-        if name != "tcp" and not section.enabled:
-            continue
-        specs.append(ListenerSpec(
-            name, section.bind or config.server.bind, section.port, tls,
-            section.path if websocket else None, NetworkRules.parse(section.allow, section.deny),
-            section.max_connections, section.max_connections_per_ip,
-        ))
+    bind = config.server.bind  # where a section without its own bind listens
+    specs = [_listener_spec("tcp", config.server, bind, False, None)]
+    if config.tls.enabled:
+        specs.append(_listener_spec("tls", config.tls, bind, True, None))
+    for name, ws, tls in (("ws", config.ws, False), ("wss", config.wss, True)):
+        if ws.enabled:
+            specs.append(_listener_spec(name, ws, bind, tls, ws.path))
     return specs
+
+
+def _listener_spec(name: str, section: ServerConfig | TLSConfig | WebSocketConfig,
+                   default_bind: str, tls: bool, path: str | None) -> ListenerSpec:
+    return ListenerSpec(
+        name, section.bind or default_bind, section.port, tls, path,
+        NetworkRules.parse(section.allow, section.deny),
+        section.max_connections, section.max_connections_per_ip,
+    )
 
 
 def _peer(transport: asyncio.BaseTransport) -> tuple[str, str]:
@@ -118,7 +123,7 @@ class Refuser(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = stream_transport(transport)
         deadline = self.listener.broker.config.mqtt.connect_timeout
         self._timer = asyncio.get_running_loop().call_later(deadline, transport.close)
 
@@ -155,7 +160,7 @@ class Gate(asyncio.Protocol):
         self.peer = "?"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = stream_transport(transport)
         listener = self.listener
         host, self.peer = _peer(transport)
         decision = listener.admission.admit(host)

@@ -17,12 +17,14 @@ a receiver asked for positions.
 
 from __future__ import annotations
 
+from typing import Final
+
 from meshmq.mqtt.codec import encode_properties, encode_publish
 from meshmq.mqtt.packets import MQTT_5, Will
-from meshmq.mqtt.properties import Properties, PropertyId
+from meshmq.mqtt.properties import Properties, PropertyId, get_property
 
-_EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
-_USER = PropertyId.USER_PROPERTY
+_EXPIRY: Final = PropertyId.MESSAGE_EXPIRY_INTERVAL
+_USER: Final = PropertyId.USER_PROPERTY
 _POSITIONED_KEYS = (32, 33)  # ``_frames`` keys of the positioned frames (retain 0, 1)
 
 # User properties that tell an MQTT 5 receiver where a persisted message sits in the commit log
@@ -40,8 +42,8 @@ class PositionsRequestError(ValueError):
 def wants_positions(connect_properties: Properties) -> bool:
     """Whether a CONNECT asked for log positions on delivery (the last ``meshmq-positions``
     user property wins); ``PositionsRequestError`` for a value other than true/false."""
-    pairs = connect_properties.get(_USER) or ()
-    values = [value for name, value in pairs if name == POSITIONS_PROPERTY]  # type: ignore[misc]
+    pairs = get_property(connect_properties, _USER) or ()
+    values = [value for name, value in pairs if name == POSITIONS_PROPERTY]
     if not values or values[-1] == "false":
         return False
     if values[-1] == "true":
@@ -94,9 +96,9 @@ class Message:
         if properties is None:
             properties = {}
         elif properties:
-            expiry = properties.get(_EXPIRY)
+            expiry = get_property(properties, _EXPIRY)
             if expiry is not None:
-                self.expires_at = now + expiry  # type: ignore[operator]
+                self.expires_at = now + expiry
         self.properties = properties  # as published: never changed
         self._frame = b""  # the first shared frame built, for ``_frame_key`` (-1: none yet)
         self._frame_key = -1
@@ -134,7 +136,7 @@ class Message:
         position = self.position
         if position is None:
             return self.properties
-        pairs = list(self.properties.get(_USER, ()))  # type: ignore[arg-type]
+        pairs = list(get_property(self.properties, _USER) or ())
         pairs += [(PARTITION_PROPERTY, str(position[0])), (OFFSET_PROPERTY, str(position[1]))]
         return {**self.properties, _USER: pairs}
 

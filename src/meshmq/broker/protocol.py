@@ -30,9 +30,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from meshmq.broker.certauth import certify
+from meshmq.broker.layer import stream_transport
 from meshmq.broker.linger import close_gracefully
 from meshmq.broker.ratelimit import ClientThrottle
 from meshmq.mqtt.connection import ServerConnection
+from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.packets import Packet, PacketType
 from meshmq.mqtt.reason_codes import ReasonCode
 
@@ -65,7 +67,7 @@ class ClientProtocol(asyncio.Protocol):
             max_events=TURN_PACKETS,
         )
         self.transport: asyncio.Transport | None = None
-        self.session: Session = None  # type: ignore[assignment]  # set by CONNECT
+        self.session: Session | None = None  # set by CONNECT
         self.client_id = ""
         self.peer = "?"
         self.rejected = False
@@ -88,8 +90,8 @@ class ClientProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
+        self.transport = stream = stream_transport(transport)
+        stream.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.broker.clients.add(self)
@@ -112,11 +114,11 @@ class ClientProtocol(asyncio.Protocol):
                 self._dispatch(events, now)  # a byte flood of partial packets pauses too
         if events:
             if self.identity is not None and events[0].type is PacketType.CONNECT:
-                events[0] = certify(events[0], self.identity)  # type: ignore[arg-type]
+                events[0] = certify(events[0], self.identity)
             self._dispatch(events, now)
         self._schedule_next_turn()
         if conn.error is not None and not self.rejected:
-            self._log_protocol_error()
+            self._log_protocol_error(conn.error)
         self.flush()
         if conn.closed:
             self.close()
@@ -174,7 +176,8 @@ class ClientProtocol(asyncio.Protocol):
         if self.gone:
             return
         if not self.rejected:
-            self.transport.resume_reading()  # type: ignore[union-attr]
+            if self.transport is not None:  # (it is: set by connection_made)
+                self.transport.resume_reading()
             self.broker.handle_events(self, held)
         self.flush()
         if self.conn.closed:
@@ -335,7 +338,7 @@ class ClientProtocol(asyncio.Protocol):
         else:  # all parsed, or throttled (its pause holds reading; ``_resume`` continues)
             self._resume_reading("turn")
         if conn.error is not None and not self.rejected:
-            self._log_protocol_error()
+            self._log_protocol_error(conn.error)
         self.flush()
         if conn.closed:
             self.close()
@@ -401,11 +404,10 @@ class ClientProtocol(asyncio.Protocol):
         if not transport.is_closing():
             transport.resume_reading()
 
-    def _log_protocol_error(self) -> None:
-        error = self.conn.error
-        self.close_reason = f"protocol error 0x{error.reason_code:02X}: {error}"  # type: ignore[union-attr]
+    def _log_protocol_error(self, error: RemoteProtocolError) -> None:
+        self.close_reason = f"protocol error 0x{error.reason_code:02X}: {error}"
         self.broker.counters["protocol_errors"] += 1
         log.info(
             "protocol error client_id=%s peer=%s reason=0x%02X error=%r",
-            self.client_id or "-", self.peer, error.reason_code, str(error),  # type: ignore[union-attr]
+            self.client_id or "-", self.peer, error.reason_code, str(error),
         )

@@ -49,6 +49,7 @@ class Publishes:
 
     def on_publish(self, client: ClientProtocol, packet: Publish) -> None:
         session = client.session
+        assert session is not None  # handlers run after CONNECT set it
         conn = client.conn
         qos = packet.qos
         if qos == 2 and packet.packet_id in session.qos2_in:
@@ -87,19 +88,25 @@ class Publishes:
             return  # the publisher resends (DUP) on its next connection
         conn = client.conn
         code = 0 if receivers or conn.version != MQTT_5 else ReasonCode.NO_MATCHING_SUBSCRIBERS
+        packet_id = packet.packet_id
+        assert packet_id is not None  # only QoS 1 and 2 are acknowledged; both have one
         if packet.qos == 1:
-            conn.send_puback(packet.packet_id, code)
+            conn.send_puback(packet_id, code)
         else:
-            client.session.qos2_in.add(packet.packet_id)
-            conn.send_pubrec(packet.packet_id, code)
+            session = client.session
+            assert session is not None  # handlers run after CONNECT set it
+            session.qos2_in.add(packet_id)
+            conn.send_pubrec(packet_id, code)
         client.wake()
 
     def _persist(self, client: ClientProtocol, packet: Publish, message: Message) -> None:
         """Append to the commit log; route and acknowledge only once durable."""
         session = client.session
-        if packet.qos == 2:
-            session.qos2_in.add(packet.packet_id)
-            session.qos2_pending.add(packet.packet_id)
+        assert session is not None  # handlers run after CONNECT set it
+        packet_id = packet.packet_id
+        if packet.qos == 2 and packet_id is not None:
+            session.qos2_in.add(packet_id)
+            session.qos2_pending.add(packet_id)
 
         def durable(outcome: AppendOutcome) -> None:
             session.qos2_pending.discard(packet.packet_id)
@@ -177,7 +184,9 @@ class Publishes:
         if failures == 1 or failures % 1000 == 0:  # one line per outage, not one per publish
             log.error("commit log append failed topic=%r error=%r failures=%d", packet.topic,
                       outcome.why, failures)
-        client.session.qos2_in.discard(packet.packet_id)
+        session = client.session
+        assert session is not None  # handlers run after CONNECT set it
+        session.qos2_in.discard(packet.packet_id)
         if not client.gone:
             self._refuse(client, packet, outcome.reason_code, "log failure")
             client.wake()
@@ -187,10 +196,13 @@ class Publishes:
         self.broker.counters["refused_publishes"] += 1
         if client.conn.version != MQTT_5:
             return self.broker.protocol_violation(client, code, why)
+        packet_id = packet.packet_id
+        if packet_id is None:  # QoS 0: nothing to answer
+            return None
         if packet.qos == 1:
-            client.conn.send_puback(packet.packet_id, code)
-        elif packet.qos == 2:
-            client.conn.send_pubrec(packet.packet_id, code)
+            client.conn.send_puback(packet_id, code)
+        else:
+            client.conn.send_pubrec(packet_id, code)
 
     def _denied(self, client: ClientProtocol, packet: Publish) -> None:
         """5.0: acknowledge with 0x87; 3.1.1 has no way to say no: acknowledge and drop."""
@@ -198,27 +210,40 @@ class Publishes:
         log.info("publish denied client_id=%s topic=%r", client.client_id, packet.topic)
         conn = client.conn
         code = ReasonCode.NOT_AUTHORIZED if conn.version == MQTT_5 else 0
+        packet_id = packet.packet_id
+        if packet_id is None:  # QoS 0: nothing to answer
+            return
         if packet.qos == 1:
-            conn.send_puback(packet.packet_id, code)
-        elif packet.qos == 2:
-            conn.send_pubrec(packet.packet_id, code)
+            conn.send_puback(packet_id, code)
+        else:
+            conn.send_pubrec(packet_id, code)
             if not code:
-                client.session.qos2_in.add(packet.packet_id)
+                session = client.session
+                assert session is not None  # handlers run after CONNECT set it
+                session.qos2_in.add(packet_id)
 
     # ------------------------------------------------------------------ acknowledgements in
 
     def on_puback(self, client: ClientProtocol, packet: Puback) -> None:
-        client.session.on_puback(packet.packet_id)  # handle_events refills after the batch
+        session = client.session
+        assert session is not None  # handlers run after CONNECT set it
+        session.on_puback(packet.packet_id)  # handle_events refills after the batch
 
     def on_pubrec(self, client: ClientProtocol, packet: Pubrec) -> None:
-        client.session.on_pubrec(packet.packet_id, packet.reason_code, self.loop.time())
+        session = client.session
+        assert session is not None  # handlers run after CONNECT set it
+        session.on_pubrec(packet.packet_id, packet.reason_code, self.loop.time())
 
     def on_pubrel(self, client: ClientProtocol, packet: Pubrel) -> None:
-        known = packet.packet_id in client.session.qos2_in
-        client.session.qos2_in.discard(packet.packet_id)
+        session = client.session
+        assert session is not None  # handlers run after CONNECT set it
+        known = packet.packet_id in session.qos2_in
+        session.qos2_in.discard(packet.packet_id)
         client.conn.send_pubcomp(
             packet.packet_id, 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         )
 
     def on_pubcomp(self, client: ClientProtocol, packet: Pubcomp) -> None:
-        client.session.on_pubcomp(packet.packet_id, self.loop.time())
+        session = client.session
+        assert session is not None  # handlers run after CONNECT set it
+        session.on_pubcomp(packet.packet_id, self.loop.time())

@@ -566,7 +566,7 @@ class Session:
         self._unsent = 0
         self.queue.clear()
         self.queued_bytes = 0
-        return taken  # type: ignore[return-value]
+        return taken
 
     def live_state(self) -> LiveState:
         """This session's running state, to hand it over (``restore_live`` elsewhere)."""

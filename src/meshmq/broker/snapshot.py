@@ -28,7 +28,7 @@ from meshmq.broker.wire import Reader, WireError, Writer, decode_message, encode
 from meshmq.mqtt.codec import decode_properties, encode_properties
 from meshmq.mqtt.errors import MQTTError
 from meshmq.mqtt.packets import SubscriptionOptions, Will
-from meshmq.mqtt.properties import PacketKind, PropertyId
+from meshmq.mqtt.properties import PacketKind, PropertyId, get_property
 
 
 class SnapshotError(ValueError):
@@ -97,10 +97,10 @@ def message_from_json(topic: str, data: dict[str, Any], now: float) -> Message |
 
 def _stored_message(data: dict[str, Any], now: float) -> Message | None:
     message = decode_message(_unb64(data["body"]), now)
-    expiry = message.properties.get(PropertyId.MESSAGE_EXPIRY_INTERVAL)
+    expiry = get_property(message.properties, PropertyId.MESSAGE_EXPIRY_INTERVAL)
     if expiry is None:
         return message
-    remaining = int(expiry) - (wall_ms() - int(data["stored_at"])) // 1000  # type: ignore[call-overload]
+    remaining = expiry - (wall_ms() - int(data["stored_at"])) // 1000
     if remaining <= 0:
         return None
     properties = {**message.properties, PropertyId.MESSAGE_EXPIRY_INTERVAL: remaining}

@@ -24,7 +24,7 @@ from typing import Any
 FORMAT_VERSION = 1
 SNAPSHOT_FILE = "snapshot.json"
 State = dict[str, dict[str, Any]]  # {"sessions": {client id: record}, "retained": {topic: m}}
-_ENTRY_FIELDS = {  # op -> the fields it must carry and their types
+_ENTRY_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {  # op -> fields, their types
     "session": {"client_id": str},
     "end": {"client_id": str},
     "subs": {"client_id": str, "subs": dict},
@@ -140,9 +140,10 @@ def check_entry(entry: Any) -> None:
     takes whole (checked first, so a bad entry never half-applies)."""
     if not isinstance(entry, dict):
         raise ValueError(f"not a JSON object: {type(entry).__name__}")
-    fields = _ENTRY_FIELDS.get(entry.get("op"))  # type: ignore[arg-type]
+    op = entry.get("op")
+    fields = _ENTRY_FIELDS.get(op) if isinstance(op, str) else None  # a list is unhashable
     if fields is None:
-        raise ValueError(f"unknown state operation {entry.get('op')!r}")
+        raise ValueError(f"unknown state operation {op!r}")
     for name, kind in fields.items():
         if name not in entry:
             raise ValueError(f"{entry['op']!r} entry without {name!r}")

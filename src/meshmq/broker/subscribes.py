@@ -36,7 +36,7 @@ from meshmq.broker.retainwindow import RetainedWindow
 from meshmq.broker.session import Subscription
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.packets import Subscribe, Unsubscribe
-from meshmq.mqtt.properties import PropertyId
+from meshmq.mqtt.properties import PropertyId, get_property
 from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import has_wildcard, parse_shared_filter, validate_topic_filter
 
@@ -63,8 +63,9 @@ class Subscribes:
         broker = self.broker
         cfg = broker.config.mqtt
         session = client.session
-        ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER)
-        sub_id = ids[0] if ids else None  # type: ignore[index]
+        assert session is not None  # handlers run after CONNECT set it
+        ids = get_property(packet.properties, PropertyId.SUBSCRIPTION_IDENTIFIER)
+        sub_id = ids[0] if ids else None
         if sub_id is not None and not cfg.subscription_identifiers:
             return broker.protocol_violation(
                 client, ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, "subscription id"
@@ -157,8 +158,8 @@ class Subscribes:
 
     def _replay_request(self, packet: Subscribe) -> tuple[ReplayRequest | None, list[int] | None]:
         """Start offsets asked for with the ``meshmq-replay`` user property (docs/replay.md)."""
-        pairs = packet.properties.get(PropertyId.USER_PROPERTY) or ()
-        values = [value for name, value in pairs if name == REPLAY_PROPERTY]  # type: ignore[misc]
+        pairs = get_property(packet.properties, PropertyId.USER_PROPERTY) or ()
+        values = [value for name, value in pairs if name == REPLAY_PROPERTY]
         if not values:
             return None, None
         request = parse_replay(values[-1])
@@ -277,15 +278,17 @@ class Subscribes:
     # ------------------------------------------------------------------ unsubscribe
 
     def on_unsubscribe(self, client: ClientProtocol, packet: Unsubscribe) -> None:
-        codes = []
+        session = client.session
+        assert session is not None  # handlers run after CONNECT set it
+        codes: list[int] = []
         for topic_filter in packet.topic_filters:
             try:
                 validate_topic_filter(topic_filter, self.broker.config.mqtt.max_topic_levels)
             except RemoteProtocolError:
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID)
                 continue
-            removed = self.router.unsubscribe(client.session, topic_filter)
-            client.session.forget_filter(topic_filter)
+            removed = self.router.unsubscribe(session, topic_filter)
+            session.forget_filter(topic_filter)
             codes.append(ReasonCode.SUCCESS if removed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
 
         def stored() -> None:
@@ -293,7 +296,7 @@ class Subscribes:
                 client.conn.send_unsuback(packet.packet_id, codes)
                 client.wake()
 
-        self.broker.keeper.subscriptions(client.session, list(packet.topic_filters), stored)
+        self.broker.keeper.subscriptions(session, list(packet.topic_filters), stored)
 
 
 def _after_both(done: Callable[[], None], first: Callable[[Callable[[], None]], None],

@@ -126,7 +126,9 @@ def client_username(ssl_object: ssl.SSLObject | None) -> str | None:
     if not cert:  # None: no certificate; {}: not verified (never with a cafile set)
         return None
     for rdn in cert.get("subject", ()):
-        for name, value in rdn:
+        # typeshed's ssl stub gives every certificate field one union (str, pairs, tuples of
+        # pairs), so it cannot say that "subject" holds RDNs of (name, value) pairs.
+        for name, value in rdn:  # type: ignore[str-unpack]
             if name == "commonName" and value:
                 return str(value)
     return None

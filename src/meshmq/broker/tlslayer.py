@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from meshmq.broker.admission import Ticket
-from meshmq.broker.layer import StackedLayer
+from meshmq.broker.layer import StackedLayer, stream_transport
 from meshmq.broker.linger import close_gracefully
 from meshmq.broker.tls import client_username, describe_handshake_error
 
@@ -74,7 +74,7 @@ class TLSLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
     # ------------------------------------------------------------------ the socket below
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.below = transport  # type: ignore[assignment]
+        self.below = stream_transport(transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._timer = asyncio.get_running_loop().call_later(self.deadline, self._too_slow)

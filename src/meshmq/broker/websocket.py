@@ -39,7 +39,7 @@ from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
 from meshmq.broker.admission import Ticket
-from meshmq.broker.layer import StackedLayer
+from meshmq.broker.layer import StackedLayer, stream_transport
 from meshmq.broker.linger import close_gracefully
 
 log = logging.getLogger("meshmq.websocket")
@@ -75,7 +75,7 @@ class WebSocketLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
     # ------------------------------------------------------------------ the socket below
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.below = transport  # type: ignore[assignment]
+        self.below = stream_transport(transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         # the upgrade must be done in time (then ClientProtocol's CONNECT deadline takes over)
@@ -94,10 +94,10 @@ class WebSocketLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
         for event in ws.events_received():
             if self._closing:
                 break
-            if isinstance(event, Request):
-                self._handshake(event)
-            else:
+            if isinstance(event, Frame):
                 self._frame(event)
+            elif isinstance(event, Request):
+                self._handshake(event)  # (a server is never sent a Response)
         if ws.parser_exc is not None and not self._closing:
             log.info("websocket error listener=%s peer=%s error=%r",
                      self.listener, self.peer, str(ws.parser_exc))

@@ -22,6 +22,7 @@ half-understood.
 from __future__ import annotations
 
 import struct
+from typing import Self
 
 from meshmq.broker.message import Message
 from meshmq.mqtt.codec import decode_properties
@@ -51,34 +52,34 @@ class Writer:
     def __init__(self) -> None:
         self.parts: list[bytes] = []
 
-    def u8(self, value: int) -> Writer:
+    def u8(self, value: int) -> Self:
         self.parts.append(_U8.pack(value))
         return self
 
-    def u16(self, value: int) -> Writer:
+    def u16(self, value: int) -> Self:
         self.parts.append(_U16.pack(value))
         return self
 
-    def u32(self, value: int) -> Writer:
+    def u32(self, value: int) -> Self:
         self.parts.append(_U32.pack(value))
         return self
 
-    def u64(self, value: int) -> Writer:
+    def u64(self, value: int) -> Self:
         self.parts.append(_U64.pack(value))
         return self
 
-    def text(self, value: str) -> Writer:
+    def text(self, value: str) -> Self:
         data = value.encode("utf-8")
         self.parts.append(_U16.pack(len(data)))
         self.parts.append(data)
         return self
 
-    def blob(self, value: bytes) -> Writer:
+    def blob(self, value: bytes) -> Self:
         self.parts.append(_U32.pack(len(value)))
         self.parts.append(value)
         return self
 
-    def offsets(self, values: list[int]) -> Writer:
+    def offsets(self, values: list[int]) -> Self:
         self.u32(len(values))
         self.parts.append(struct.pack(f">{len(values)}Q", *values))
         return self
@@ -106,16 +107,16 @@ class Reader:
         return start
 
     def u8(self) -> int:
-        return _U8.unpack_from(self.data, self.take(1))[0]  # type: ignore[no-any-return]
+        return _U8.unpack_from(self.data, self.take(1))[0]
 
     def u16(self) -> int:
-        return _U16.unpack_from(self.data, self.take(2))[0]  # type: ignore[no-any-return]
+        return _U16.unpack_from(self.data, self.take(2))[0]
 
     def u32(self) -> int:
-        return _U32.unpack_from(self.data, self.take(4))[0]  # type: ignore[no-any-return]
+        return _U32.unpack_from(self.data, self.take(4))[0]
 
     def u64(self) -> int:
-        return _U64.unpack_from(self.data, self.take(8))[0]  # type: ignore[no-any-return]
+        return _U64.unpack_from(self.data, self.take(8))[0]
 
     def text(self) -> str:
         size = self.u16()

@@ -585,7 +585,7 @@ Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRe
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled)
 
-FRAMES: dict[int, type[Frame]] = {  # type: ignore[valid-type]
+FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
     FrameType.APPEND: Append, FrameType.APPENDED: Appended, FrameType.RETAIN: Retain,
     FrameType.REPLY: Reply,
@@ -597,12 +597,12 @@ FRAMES: dict[int, type[Frame]] = {  # type: ignore[valid-type]
 }
 
 
-def decode_frame(frame_type: int, body: bytes) -> Frame:  # type: ignore[valid-type]
+def decode_frame(frame_type: int, body: bytes) -> Frame:
     """The frame of ``frame_type`` in ``body`` (``LinkError`` if it does not decode)."""
     frame_class = FRAMES.get(frame_type)
     if frame_class is None:  # a peer's type byte, even when no FrameReader checked it
         raise LinkError(f"unknown frame type {frame_type}")
-    return frame_class.decode(body)  # type: ignore[attr-defined,no-any-return]
+    return frame_class.decode(body)
 
 
 # ---------------------------------------------------------------------- the stream

@@ -144,8 +144,10 @@ class Directory:
             done(adopted)
 
         if owner == self.me:
-            self._serve_claim(self.me, client_id, clean_start,
-                              lambda *answer: self.defer(partial(answered, *answer)))
+            def answer_later(status: int, holders: list[int], sessions: list[bytes]) -> None:
+                self.defer(partial(answered, status, holders, sessions))
+
+            self._serve_claim(self.me, client_id, clean_start, answer_later)
         elif not self.mesh.request(owner, lambda request_id: Claim(
                 request_id, client_id, clean_start).encode(),
                 partial(self._claimed, client_id, owner, answered), timeout=CLAIM_TIMEOUT):
@@ -249,7 +251,7 @@ class Directory:
         for holder in sorted(h for h in holders if h is not None):
             if holder == self.me:
                 self._release_here(client_id, clean_start, claimant, partial(one, holder))
-            elif not self.mesh.request(holder, lambda request_id, holder=holder: Release(
+            elif not self.mesh.request(holder, lambda request_id: Release(
                     request_id, client_id, clean_start, claimant).encode(),
                     partial(one, holder), timeout=RELEASE_TIMEOUT):
                 one(holder, None)  # down: a copy it may still have comes back registered

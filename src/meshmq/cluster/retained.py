@@ -117,9 +117,11 @@ class OwnedRetained:
                             found[indexes[position]].append(self.decode(body))
                 answered()
 
+            def query(request_id: int, asked: list[str] = asked) -> bytes:
+                return QueryRetained(request_id, asked).encode()
+
             waiting[0] += 1
-            if not self.mesh.request(owner, lambda request_id, asked=asked: QueryRetained(
-                    request_id, asked).encode(), answer):
+            if not self.mesh.request(owner, query, answer):
                 waiting[0] -= 1  # down: its retained messages come back with it
         if waiting[0] == 0:
             done(found)
@@ -132,7 +134,10 @@ class OwnedRetained:
         if frame.migrate and self.local.store.get(message.topic) is not None:
             self.mesh.send(peer, reply)  # the owner's own copy stays
             return
-        self.local.keep(message, lambda: self.mesh.send(peer, reply))
+        def stored() -> None:
+            self.mesh.send(peer, reply)
+
+        self.local.keep(message, stored)
 
     def _on_query(self, peer: int, frame: QueryRetained) -> None:
         found = [(index, self.encode(message)) for index, topic_filter in
@@ -156,8 +161,11 @@ class OwnedRetained:
                     self.local.keeper.retained(topic, None)
 
             body = self.encode(message)
-            self.mesh.request(owner, lambda request_id, body=body: Retain(
-                request_id, True, body).encode(), answer)
+
+            def retain(request_id: int, body: bytes = body) -> bytes:
+                return Retain(request_id, True, body).encode()
+
+            self.mesh.request(owner, retain, answer)
         if moving:
             log.info("retained messages handed to their new owners count=%d", len(moving))
         return len(moving)

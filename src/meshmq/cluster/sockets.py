@@ -21,6 +21,7 @@ import logging
 import socket
 from typing import TYPE_CHECKING
 
+from meshmq.broker.layer import stream_transport
 from meshmq.cluster.mesh import WRITE_HIGH_WATER, WRITE_LOW_WATER
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ class _Link(asyncio.Protocol):
         self.ident = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.sockets._opened(self, transport)  # type: ignore[arg-type]
+        self.sockets._opened(self, stream_transport(transport))
 
     def data_received(self, data: bytes) -> None:
         mesh = self.sockets.mesh

@@ -27,7 +27,10 @@ class MeshStatistics:
         self.workers = mesh.worker.count
         self.peers: dict[int, dict[str, int]] = {}
         mesh.handle(FrameType.STATS, self._on_stats)
-        mesh.on_link_down.append(lambda peer: self.peers.pop(peer, None))
+        mesh.on_link_down.append(self._forget)
+
+    def _forget(self, peer: int) -> None:
+        self.peers.pop(peer, None)
 
     def totals(self, mine: dict[str, int]) -> dict[str, int] | None:
         mine = {**mine, "forwarded": self.mesh.counters["forwarded"]}

@@ -9,12 +9,13 @@ taking even a shared lock could make a broker starting at that moment fail.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-try:
+if sys.platform == "win32":  # pragma: no cover - no flock on this platform: no locking
+    fcntl = None
+else:
     import fcntl
-except ImportError:  # pragma: no cover - no flock on this platform: no locking
-    fcntl = None  # type: ignore[assignment]
 
 LOCK_FILE = ".lock"
 

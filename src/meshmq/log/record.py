@@ -222,8 +222,11 @@ def split_batches(records: Sequence[Record],
 
 # -- decoding ---------------------------------------------------------------------------------
 
+# What the header readers take: a batch in memory or in a mapped segment file.
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
-def peek_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+
+def peek_batch_header(buf: Buffer, pos: int = 0) -> BatchHeader:
     """Parse the 43-byte header at ``buf[pos:]``; the rest of the batch may lie beyond ``buf``.
 
     Raises ``IncompleteBatch`` when ``buf`` ends inside the header and ``CorruptBatch`` for a
@@ -244,7 +247,7 @@ def peek_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> Batc
     return BatchHeader(length, *BATCH_HEADER.unpack_from(buf, pos)[2:])
 
 
-def read_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+def read_batch_header(buf: Buffer, pos: int = 0) -> BatchHeader:
     """Like ``peek_batch_header``, but the whole batch must be in ``buf``.
 
     ``IncompleteBatch`` means: read more bytes, or (at the end of a file) treat it as torn.
@@ -257,7 +260,7 @@ def read_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> Batc
     return header
 
 
-def verify_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+def verify_batch(buf: Buffer, pos: int = 0) -> BatchHeader:
     """Parse the header at ``pos`` and check the CRC and header consistency, not the records.
 
     This is what recovery runs over every batch; ``decode_batch`` does it too.

@@ -103,8 +103,8 @@ def _properties_text(raw: bytes) -> str:
         return ""
     parts = []
     for name, value in named.items():
-        if name == "user_property":
-            parts += [f"{_field(k)}:{_field(v)}" for k, v in value]  # type: ignore[attr-defined]
+        if name == "user_property" and isinstance(value, list):  # [[name, value], ...]
+            parts += [f"{_field(k)}:{_field(v)}" for k, v in value]
         else:
             parts.append(f"{name}={_field(str(value))}")
     return "props={" + ", ".join(parts) + "}"

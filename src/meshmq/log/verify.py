@@ -237,9 +237,10 @@ def _record_damage(report: VerifyReport, check: SegmentCheck, data: bytes, damag
                                  f"{damage.position} are a write in progress"))
         return
     end = len(data) if damage.resume is None else damage.resume
+    lost: tuple[int, int | None] | None
     if end < len(data):
         next_base = peek_batch_header(data, end).base_offset
-        lost: tuple[int, int | None] | None = (damage.expected_offset, next_base - 1)
+        lost = (damage.expected_offset, next_base - 1)
     elif following is not None:
         lost = (damage.expected_offset, following - 1)
     else:

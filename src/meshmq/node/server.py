@@ -15,8 +15,9 @@ import logging
 import os
 import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from meshmq.auth.acl import ACLFileError
 from meshmq.auth.passwords import PasswordFileError
@@ -212,9 +213,9 @@ def run_worker(config: BrokerConfig, worker: WorkerSpec, ready: Callable[[], Non
     return _run(serve(config, worker, ready))
 
 
-def _run(main: object) -> int:
+def _run(main: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on supported platforms
-        return asyncio.run(main)  # type: ignore[arg-type]
-    return uvloop.run(main)  # type: ignore[arg-type]
+        return asyncio.run(main)
+    return uvloop.run(main)

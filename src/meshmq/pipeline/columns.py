@@ -75,6 +75,7 @@ class ColumnBuilder:
             self._data, self._path = data, path
         kept = len(self._positions)
         whole = start <= header.base_offset and header.last_offset < end
+        stop: int | None
         if whole and self.topics is None:
             stop = self._walk_all(data, at + HEADER_SIZE, header.record_count)
         else:

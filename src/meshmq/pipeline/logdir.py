@@ -197,17 +197,20 @@ class SegmentFile:
         try:
             length = peek_batch_header(start).batch_length
         except IncompleteBatch:
-            return self._torn(position, "header cut short")
+            self._torn(position, "header cut short")
+            return None
         except CorruptBatch as exc:
             self._damaged(position, start, 0, str(exc))
             return None
         if position + length > self.size:
-            return self._torn(position, f"batch of {length} bytes runs past the end")
+            self._torn(position, f"batch of {length} bytes runs past the end")
+            return None
         data = os.pread(self._fd, length, position)
         try:
             return verify_batch(data, 0), data
         except IncompleteBatch:  # the file shrank under us: the broker truncated a torn tail
-            return self._torn(position, "file shrank while reading")
+            self._torn(position, "file shrank while reading")
+            return None
         except CorruptBatch as exc:
             self._damaged(position, data, 0, str(exc))
             return None

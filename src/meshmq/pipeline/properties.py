@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from meshmq.mqtt.codec import decode_properties
 from meshmq.mqtt.errors import MQTTError
-from meshmq.mqtt.properties import PacketKind, PropertyId
+from meshmq.mqtt.properties import PacketKind, PropertyId, get_property
 
 MALFORMED_KEY = "malformed_properties"
 
@@ -44,8 +44,8 @@ def properties_map(block: bytes) -> dict[str, str]:
     if end != len(block):
         return {MALFORMED_KEY: block.hex()}
     result: dict[str, str] = {}
-    for name, value in props.get(PropertyId.USER_PROPERTY, ()):  # type: ignore[union-attr]
-        result[name] = value
+    for name, text in get_property(props, PropertyId.USER_PROPERTY) or ():
+        result[name] = text
     for pid, key in _NAMED.items():
         value = props.get(pid)
         if value is None:

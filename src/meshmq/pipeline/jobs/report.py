@@ -108,8 +108,8 @@ def collect_log(spark: SparkSession, data_dir: str, options: ReportOptions,
         F.split("topic", "/", 2).getItem(0).alias("root"),
         F.when(is_alert, F.col("payload").cast("string")).alias("alert")).persist()
     try:
-        span = records.agg(F.count(F.lit(1)).alias("n"), F.min("us").alias("lo"),
-                           F.max("us").alias("hi")).first()
+        (span,) = records.agg(F.count(F.lit(1)).alias("n"), F.min("us").alias("lo"),
+                              F.max("us").alias("hi")).collect()  # a global aggregate: one row
         data.log_read, data.records = True, span["n"]
         if not data.records:
             return

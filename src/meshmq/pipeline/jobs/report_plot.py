@@ -6,6 +6,9 @@ devices with identical series share one line whose label names them all. A field
 are dashed lines at their thresholds, and each alert that fired is a star at its window
 and value (the rule's statistic, e.g. the window's maximum, which can lie above the mean
 plotted for the device).
+
+Times are ``datetime``s, which matplotlib's units registry converts; its type stubs know only
+numbers and arrays there, hence the ``type: ignore[arg-type]`` on the calls that take them.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def device_styles(devices: list[str]) -> dict[str, dict[str, Any]]:
     """One colour and marker per device, the same in every panel."""
     import matplotlib
 
-    colours = matplotlib.colormaps["tab10"].colors
+    colours = matplotlib.color_sequences["tab10"]
     return {device: {"color": colours[i % len(colours)], "marker": MARKERS[i % len(MARKERS)]}
             for i, device in enumerate(devices)}
 
@@ -112,14 +115,15 @@ def draw_rates(axes: Axes, data: ReportData) -> None:
     bottom = [0.0] * len(rates.starts)
     for name, counts in rates.counts.items():
         values = [count / bucket for count in counts]
-        axes.bar(rates.starts, values, width=width, bottom=bottom, align="edge",
-                 label=f"{name or '(empty)'}/…", edgecolor="white", linewidth=0.3)
+        axes.bar(rates.starts, values, width=width, bottom=bottom,  # type: ignore[arg-type]
+                 align="edge", label=f"{name or '(empty)'}/…", edgecolor="white",
+                 linewidth=0.3)
         bottom = [low + value for low, value in zip(bottom, values, strict=True)]
     span = (data.broker_last - data.broker_first).total_seconds()
     axes.set_title(f"Messages appended to the log: {data.records} in {duration(span)}; "
                    f"each bar is one {duration(bucket)} bucket", loc="left")
     axes.set_ylabel("messages per second")
-    axes.set_xlim(rates.starts[0], rates.starts[-1] + width)
+    axes.set_xlim(rates.starts[0], rates.starts[-1] + width)  # type: ignore[arg-type]
     axes.set_ylim(0, max(bottom) * 1.12 or 1)  # headroom: the tallest bar below the frame
     _time_axis(axes, "broker time (UTC): when the broker appended the message")
     _legend(axes, "topic")
@@ -145,7 +149,7 @@ def draw_field(axes: Axes, data: ReportData, name: str, devices: dict[str, Any],
     axes.set_title(f"{name}: mean per {window} window, by device{shown}", loc="left")
     axes.set_ylabel(data.with_unit(name))
     if data.event_first and data.event_last:
-        axes.set_xlim(data.event_first, data.event_last)
+        axes.set_xlim(data.event_first, data.event_last)  # type: ignore[arg-type]
     _time_axis(axes, "event time (UTC): when the readings were taken")
     _legend(axes)
 
@@ -155,7 +159,7 @@ def _threshold(axes: Axes, line: Threshold, colour: str, values: list[float]) ->
     would squash the data into a strip)."""
     low, high = (min(values), max(values)) if values else (line.value, line.value)
     margin = OFF_SCALE * max(high - low, abs(high) * 0.01, 1e-9)
-    style = {"color": colour, "linestyle": "--", "linewidth": 1.2}
+    style: dict[str, Any] = {"color": colour, "linestyle": "--", "linewidth": 1.2}
     if low - margin <= line.value <= high + margin:
         axes.axhline(line.value, label=f"rule {line.label}", **style)
     else:
@@ -163,10 +167,12 @@ def _threshold(axes: Axes, line: Threshold, colour: str, values: list[float]) ->
 
 
 def _alerts(axes: Axes, alerts: list[Alert], styles: dict[str, dict[str, Any]]) -> None:
-    star = {"marker": "*", "s": 170, "zorder": 5, "edgecolors": "black", "linewidths": 0.8}
+    star: dict[str, Any] = {
+        "marker": "*", "s": 170, "zorder": 5, "edgecolors": "black", "linewidths": 0.8}
     for alert in alerts:
         middle: datetime = alert.window_start + (alert.window_end - alert.window_start) / 2
-        axes.scatter([middle], [alert.value], color=styles[alert.device]["color"], **star)
+        axes.scatter([middle], [alert.value],  # type: ignore[arg-type]
+                     color=styles[alert.device]["color"], **star)
     for rule in sorted({(alert.rule, alert.stat) for alert in alerts}):
         # one legend entry per rule, in no device's colour (the stars take their device's)
         axes.scatter([], [], color="white", label=f"alert {rule[0]}: the window's {rule[1]}",
