@@ -90,3 +90,17 @@ def test_a_changed_pyproject_installs_again(checkout: Path) -> None:
     os.utime(pyproject, (later, later))
     assert installs(make(checkout, "serve")) == [BROKER]
     assert installs(make(checkout, "-n", "test")) == [TEST]
+
+
+def test_test_and_lint_type_check_src_after_ruff(checkout: Path) -> None:
+    """``make test``: ruff, then mypy (over src/, as pyproject.toml's [tool.mypy] says), then
+    pytest; ``make lint``: ruff, then mypy."""
+    def position(commands: list[str], tool: str) -> int:
+        return next(i for i, line in enumerate(commands) if line.split()[0].endswith(tool))
+
+    commands = make(checkout, "-n", "test").splitlines()
+    assert (position(commands, "/ruff") < position(commands, "/mypy")
+            < position(commands, "/python"))
+    assert commands[position(commands, "/python")].split()[1:3] == ["-m", "pytest"]
+    commands = make(checkout, "-n", "lint").splitlines()
+    assert position(commands, "/ruff") < position(commands, "/mypy")

@@ -80,7 +80,7 @@ class Ticket:
 
     __slots__ = ("_admission", "_key", "refusal")
 
-    def __init__(self, admission: Admission, key: str | None, refusal: bool) -> None:
+    def __init__(self, admission: Admission, key: str, refusal: bool) -> None:
         self._admission: Admission | None = admission
         self._key = key
         self.refusal = refusal
@@ -130,7 +130,7 @@ class Admission:
                 return Decision(Verdict.CLOSED, why)
             self.counters["over_limit"] += 1
             self.refusing += 1
-            return Decision(Verdict.OVER_LIMIT, why, Ticket(self, None, refusal=True))
+            return Decision(Verdict.OVER_LIMIT, why, Ticket(self, key, refusal=True))
         self.counters["admitted"] += 1
         self.active += 1
         self.per_ip[key] = self.per_ip.get(key, 0) + 1
@@ -143,16 +143,16 @@ class Admission:
             return f"max_connections_per_ip {self.max_connections_per_ip} reached"
         return ""
 
-    def _release(self, key: str | None, refusal: bool) -> None:
-        if refusal:
+    def _release(self, key: str, refusal: bool) -> None:
+        if refusal:  # a refused connection never counted in ``per_ip``
             self.refusing -= 1
             return
         self.active -= 1
-        left = self.per_ip[key] - 1  # type: ignore[index]
+        left = self.per_ip[key] - 1
         if left:
-            self.per_ip[key] = left  # type: ignore[index]
+            self.per_ip[key] = left
         else:
-            del self.per_ip[key]  # type: ignore[arg-type]
+            del self.per_ip[key]
 
     def statistics(self) -> dict[str, int]:
         return {

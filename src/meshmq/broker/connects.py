@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from meshmq.broker.lifecycle import NEVER_EXPIRES, cancel_timers, protocol_name
 from meshmq.broker.message import PositionsRequestError, wants_positions
+from meshmq.broker.protocol import ClientProtocol
 from meshmq.logsetup import kv
 from meshmq.mqtt.packets import MQTT_5, Connect
 from meshmq.mqtt.properties import Properties, PropertyId, get_property
@@ -29,7 +30,6 @@ from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
-    from meshmq.broker.protocol import ClientProtocol
     from meshmq.broker.session import Session
 
 log = logging.getLogger("meshmq.broker")
@@ -155,8 +155,8 @@ class Connects:
         now = self.loop.time()
         lifecycle = broker.lifecycle
         existing = broker.sessions.get(client_id)
-        if existing is not None and existing.client is not None:
-            lifecycle.take_over(existing.client)  # type: ignore[arg-type]
+        if existing is not None and isinstance(existing.client, ClientProtocol):
+            lifecycle.take_over(existing.client)
             existing = broker.sessions.get(client_id)
         registered = claimed  # a claim registered this router as the session's holder
         if existing is not None and packet.clean_start:

@@ -29,6 +29,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.message import Message
+from meshmq.broker.protocol import ClientProtocol
 from meshmq.broker.snapshot import SessionSnapshot, SnapshotError
 from meshmq.broker.wire import decode_message, encode_message
 from meshmq.logsetup import kv
@@ -38,7 +39,6 @@ from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
-    from meshmq.broker.protocol import ClientProtocol
     from meshmq.broker.session import Session
 
 log = logging.getLogger("meshmq.broker")
@@ -120,8 +120,8 @@ class Lifecycle:
         the session up (removed from here; its routes stay until the session directory's
         stand-in is dropped), or end it if the new connection starts clean."""
         session = self.sessions.get(client_id)
-        if session is not None and session.client is not None:
-            self.take_over(session.client)  # type: ignore[arg-type]
+        if session is not None and isinstance(session.client, ClientProtocol):
+            self.take_over(session.client)
             session = self.sessions.get(client_id)
         if session is None:
             return None
@@ -171,8 +171,8 @@ class Lifecycle:
     def discard_session(self, session: Session) -> None:
         """Remove a session from here without a will or redistribution (it lives on
         elsewhere)."""
-        if session.client is not None:
-            self.take_over(session.client)  # type: ignore[arg-type]
+        if isinstance(session.client, ClientProtocol):  # (a session's client always is)
+            self.take_over(session.client)
         cancel_timers(session)
         session.will = None
         if self.sessions.get(session.client_id) is session:

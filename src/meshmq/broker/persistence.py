@@ -152,15 +152,17 @@ class Persistence(LogAccess):
         """The fsync policy of the first ``log.fsync_rules`` entry matching ``topic``."""
         if not self.fsync_rules:
             return None
-        policy = self._policies.get(topic, False)
-        if policy is False:
-            if len(self._policies) >= 10_000:
-                self._policies.clear()
-            policy = self._policies[topic] = next(
-                (rule for pattern, rule in self.fsync_rules if topic_matches(pattern, topic)),
-                None,
-            )
-        return policy  # type: ignore[return-value]
+        try:
+            return self._policies[topic]  # None is a cached "no rule"
+        except KeyError:
+            pass
+        if len(self._policies) >= 10_000:
+            self._policies.clear()
+        policy = self._policies[topic] = next(
+            (rule for pattern, rule in self.fsync_rules if topic_matches(pattern, topic)),
+            None,
+        )
+        return policy
 
     def _completed(self, done: Completion, outcome: _Outcome) -> None:
         """On the writer thread: queue the completion, wake the loop once per burst.

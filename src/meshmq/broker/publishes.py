@@ -27,7 +27,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from meshmq.broker.interfaces import AppendOutcome, Refused, Stored, StoredElsewhere
+from meshmq.broker.interfaces import (
+    AppendOutcome,
+    PartitionLog,
+    Refused,
+    Stored,
+    StoredElsewhere,
+)
 from meshmq.broker.message import Message
 from meshmq.mqtt.packets import MQTT_5, Puback, Pubcomp, Publish, Pubrec, Pubrel
 from meshmq.mqtt.reason_codes import ReasonCode
@@ -68,7 +74,7 @@ class Publishes:
         )
         persistence = broker.persistence
         if persistence is not None and persistence.wants(packet.topic, qos):
-            return self._persist(client, packet, message)
+            return self._persist(client, packet, message, persistence)
         self._route_and_ack(client, packet, message, now)
 
     def _route_and_ack(
@@ -99,7 +105,8 @@ class Publishes:
             conn.send_pubrec(packet_id, code)
         client.wake()
 
-    def _persist(self, client: ClientProtocol, packet: Publish, message: Message) -> None:
+    def _persist(self, client: ClientProtocol, packet: Publish, message: Message,
+                 persistence: PartitionLog) -> None:
         """Append to the commit log; route and acknowledge only once durable."""
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
@@ -118,21 +125,21 @@ class Publishes:
                 if attached:
                     self._acknowledge(client, packet, receivers)
                 return
-            self._stored(message, outcome)
+            self._stored(persistence, message, outcome)
             if attached:
                 self._route_and_ack(client, packet, message, self.loop.time())
                 client.wake()
             else:  # the publisher left: route anyway (it is durable), its resend acks itself
                 self.router.publish(message, self.loop.time())
 
-        if not self.broker.persistence.append(message, session.client_id, durable):  # type: ignore[union-attr]
+        if not persistence.append(message, session.client_id, durable):
             session.qos2_pending.discard(packet.packet_id)
             session.qos2_in.discard(packet.packet_id)
             self._refuse(client, packet, ReasonCode.QUOTA_EXCEEDED, "log queue full")
 
-    def _stored(self, message: Message, outcome: Stored) -> None:
+    def _stored(self, persistence: PartitionLog, message: Message, outcome: Stored) -> None:
         message.set_position(outcome.partition, outcome.offset)
-        self.broker.persistence.routed(outcome.partition, outcome.offset)  # type: ignore[union-attr]
+        persistence.routed(outcome.partition, outcome.offset)
 
     def _deliver_here(self, message: Message, outcome: StoredElsewhere) -> int:
         """Stored by its leader, which left our own subscribers to us (we have the message):
@@ -146,7 +153,9 @@ class Publishes:
                      done: Callable[[int], None]) -> None:
         """A message stored here for another router's publisher (the partition is led here):
         route it, store it as retained if flagged, then ``done(receivers)``."""
-        self._stored(message, outcome)
+        persistence = self.broker.persistence
+        assert persistence is not None  # it was stored by this router's log
+        self._stored(persistence, message, outcome)
         receivers = self.router.publish(message, self.loop.time())
         if message.retain:
             self.broker.retained.keep(message, partial(done, receivers))
@@ -163,7 +172,7 @@ class Publishes:
                     self._deliver_here(message, outcome)  # the leader routed it elsewhere
                     return
                 if isinstance(outcome, Stored):
-                    self._stored(message, outcome)
+                    self._stored(persistence, message, outcome)
                 else:
                     log.warning("will not persisted client_id=%s: %s", client_id, outcome.why)
                 self._route(message)

@@ -80,7 +80,9 @@ class RetainedStore(Generic[M]):
         levels = topic.split("/")
         path = [self._root]
         for level in levels[:-1]:
-            path.append(path[-1].children[level])  # type: ignore[index]
+            above = path[-1].children
+            assert above is not None  # the path down to ``node``
+            path.append(above[level])
         for depth in range(len(levels) - 1, -1, -1):
             parent = path[depth]
             children = parent.children
@@ -164,7 +166,8 @@ class RetainedStore(Generic[M]):
     def items(self) -> Iterator[tuple[str, M]]:
         """Every (topic, message) pair, in no particular order (e.g. for persistence)."""
         for topic, node in self._by_topic.items():
-            yield topic, node.message  # type: ignore[misc]
+            if node.message is not None:  # (it is: only nodes holding one are listed)
+                yield topic, node.message
 
     def statistics(self) -> dict[str, int]:
         """Sizes for monitoring: retained topics and trie nodes (root included)."""

@@ -265,8 +265,8 @@ class Session:
             frame = self._encode(message, qos, retain, subscription_ids, packet_id, dup, now,
                                  conn.version, alias, positioned)
         sent = conn.send_frame(frame)
-        if not sent and alias < 0:
-            aliases.not_sent(-alias)  # type: ignore[union-attr]  # the client never saw it
+        if not sent and alias < 0 and aliases is not None:  # (an alias implies aliases)
+            aliases.not_sent(-alias)  # the client never saw it
         client.wake()
         return sent
 

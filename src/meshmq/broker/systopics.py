@@ -19,6 +19,7 @@ counters. ``mqtt.sys_interval = 0``: no ``$SYS`` topics at all.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -72,7 +73,7 @@ class SysTopics:
         self.broker = broker
         self.interval = interval
         self.started = time.monotonic()
-        self._handle: object | None = None
+        self._handle: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         """The first set now (the stored state is restored), then one every interval."""
@@ -81,7 +82,7 @@ class SysTopics:
 
     def stop(self) -> None:
         if self._handle is not None:
-            self._handle.cancel()  # type: ignore[attr-defined]
+            self._handle.cancel()
             self._handle = None
 
     def tick(self) -> None:

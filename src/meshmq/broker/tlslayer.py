@@ -124,8 +124,9 @@ class TLSLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
         self._cancel_timer()
         self._flush()  # the server Finished, TLS 1.3 session tickets
         username = client_username(self.ssl) if self.cert_username else None
+        cipher = self.ssl.cipher()  # None only before the handshake
         log.debug("TLS connection listener=%s peer=%s version=%s cipher=%s user=%s",
-                  self.listener, self.peer, self.ssl.version(), self.ssl.cipher()[0],  # type: ignore[index]
+                  self.listener, self.peer, self.ssl.version(), cipher and cipher[0],
                   username or "-")
         self.inner = self.make_inner(username)
         self.inner.connection_made(self)
@@ -146,7 +147,8 @@ class TLSLayer(StackedLayer, asyncio.Protocol, asyncio.Transport):
                 log.info("TLS error listener=%s peer=%s error=%s", self.listener, self.peer,
                          describe_handshake_error(exc))
                 self._closing = True
-                self.below.abort()  # type: ignore[union-attr]
+                if self.below is not None:  # (it is: data came through it)
+                    self.below.abort()
                 break
             if not data:
                 break

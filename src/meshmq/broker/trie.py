@@ -48,7 +48,7 @@ class _Node(Generic[K, V]):
         self.plus: _Node[K, V] | None = None
         self.hash: _Node[K, V] | None = None
         self.entries: dict[K, V] | None = None
-        self.topic_filter: str | None = None
+        self.topic_filter = ""  # the filter this node ends, once it has entries
 
     def child(self, level: str) -> _Node[K, V] | None:
         """The child for ``level`` ('+', '#' or literal), or None; the caller walks on."""
@@ -149,7 +149,7 @@ class SubscriptionTrie(Generic[K, V]):
         self.entry_count -= 1
         if not entries:
             node.entries = None
-            node.topic_filter = None
+            node.topic_filter = ""
             self._cache.clear()  # this filter no longer matches anything
             self._prune(path)
         return True
@@ -218,7 +218,7 @@ class SubscriptionTrie(Generic[K, V]):
             for node in frontier:
                 hash_node = node.hash
                 if hash_node is not None and hash_node.entries:  # '#' matches the rest
-                    result.append((hash_node.topic_filter, hash_node.entries))  # type: ignore[arg-type]
+                    result.append((hash_node.topic_filter, hash_node.entries))
                 if node.plus is not None:
                     following.append(node.plus)
                 children = node.children
@@ -231,10 +231,10 @@ class SubscriptionTrie(Generic[K, V]):
             frontier = following
         for node in frontier:
             if node.entries:
-                result.append((node.topic_filter, node.entries))  # type: ignore[arg-type]
+                result.append((node.topic_filter, node.entries))
             hash_node = node.hash
             if hash_node is not None and hash_node.entries:  # MQTT-4.7.1-1: parent level
-                result.append((hash_node.topic_filter, hash_node.entries))  # type: ignore[arg-type]
+                result.append((hash_node.topic_filter, hash_node.entries))
         return result
 
     def __len__(self) -> int:
@@ -247,7 +247,7 @@ class SubscriptionTrie(Generic[K, V]):
         while stack:
             node = stack.pop()
             if node.entries:
-                yield node.topic_filter  # type: ignore[misc]
+                yield node.topic_filter
             if node.children:
                 stack.extend(node.children.values())
             if node.plus is not None:

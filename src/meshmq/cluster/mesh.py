@@ -50,12 +50,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from meshmq.cluster.codec import (
     Barrier,
     BarrierDone,
+    Claimed,
     Forward,
     FrameReader,
     FrameType,
     Hello,
     LinkError,
+    Reply,
+    Retained,
     Routes,
+    Synced,
     decode_frame,
     forward_frame,
 )
@@ -72,6 +76,7 @@ log = logging.getLogger("meshmq.mesh")
 ANSWER_TIMEOUT = 3.0  # seconds before a peer that does not answer (stopped, stuck) is passed over
 WRITE_HIGH_WATER = 16 * 1024 * 1024  # bytes queued for a peer before its link is congested
 WRITE_LOW_WATER = 4 * 1024 * 1024  # ... and after which it is not any more
+_ANSWER_FRAMES = (Reply, Retained, Claimed, Synced, BarrierDone)  # answers to a request
 
 Handler = Callable[[int, Any], None]  # (peer, decoded frame)
 Highs = dict[int, int]
@@ -248,7 +253,8 @@ class Mesh:
             return
         frame = decode_frame(frame_type, body)
         if frame_type in self._answers:
-            self.requests.answer(peer, frame.request_id, frame)  # type: ignore[union-attr]
+            assert isinstance(frame, _ANSWER_FRAMES)  # the frame types in ``_answers``
+            self.requests.answer(peer, frame.request_id, frame)
             return
         handler = self._handlers.get(frame_type)
         if handler is None:

@@ -45,13 +45,13 @@ def share_node_limits(config: BrokerConfig, count: int) -> BrokerConfig:
     def share(value: int) -> int:
         return -(-value // count) if value > 0 else value
 
-    changes: dict[str, object] = {
-        name: dataclasses.replace(section, max_connections=share(section.max_connections))
-        for name in ("server", "tls", "ws", "wss")
-        if (section := getattr(config, name)).max_connections > 0
-    }
-    limits = config.limits
-    changes["limits"] = dataclasses.replace(
-        limits, connect_rate=share(limits.connect_rate),
-        connect_burst=max(1, share(limits.connect_burst)))
-    return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+    server, tls, ws, wss, limits = config.server, config.tls, config.ws, config.wss, config.limits
+    return dataclasses.replace(
+        config,
+        server=dataclasses.replace(server, max_connections=share(server.max_connections)),
+        tls=dataclasses.replace(tls, max_connections=share(tls.max_connections)),
+        ws=dataclasses.replace(ws, max_connections=share(ws.max_connections)),
+        wss=dataclasses.replace(wss, max_connections=share(wss.max_connections)),
+        limits=dataclasses.replace(limits, connect_rate=share(limits.connect_rate),
+                                   connect_burst=max(1, share(limits.connect_burst))),
+    )

@@ -115,6 +115,7 @@ def draw_rates(axes: Axes, data: ReportData) -> None:
     bottom = [0.0] * len(rates.starts)
     for name, counts in rates.counts.items():
         values = [count / bucket for count in counts]
+        # matplotlib stubs: no datetime x (see the module docstring)
         axes.bar(rates.starts, values, width=width, bottom=bottom,  # type: ignore[arg-type]
                  align="edge", label=f"{name or '(empty)'}/…", edgecolor="white",
                  linewidth=0.3)
@@ -123,6 +124,7 @@ def draw_rates(axes: Axes, data: ReportData) -> None:
     axes.set_title(f"Messages appended to the log: {data.records} in {duration(span)}; "
                    f"each bar is one {duration(bucket)} bucket", loc="left")
     axes.set_ylabel("messages per second")
+    # matplotlib stubs: no datetime x (see the module docstring)
     axes.set_xlim(rates.starts[0], rates.starts[-1] + width)  # type: ignore[arg-type]
     axes.set_ylim(0, max(bottom) * 1.12 or 1)  # headroom: the tallest bar below the frame
     _time_axis(axes, "broker time (UTC): when the broker appended the message")
@@ -149,6 +151,7 @@ def draw_field(axes: Axes, data: ReportData, name: str, devices: dict[str, Any],
     axes.set_title(f"{name}: mean per {window} window, by device{shown}", loc="left")
     axes.set_ylabel(data.with_unit(name))
     if data.event_first and data.event_last:
+        # matplotlib stubs: no datetime x (see the module docstring)
         axes.set_xlim(data.event_first, data.event_last)  # type: ignore[arg-type]
     _time_axis(axes, "event time (UTC): when the readings were taken")
     _legend(axes)
@@ -171,6 +174,7 @@ def _alerts(axes: Axes, alerts: list[Alert], styles: dict[str, dict[str, Any]]) 
         "marker": "*", "s": 170, "zorder": 5, "edgecolors": "black", "linewidths": 0.8}
     for alert in alerts:
         middle: datetime = alert.window_start + (alert.window_end - alert.window_start) / 2
+        # matplotlib stubs: no datetime x (see the module docstring)
         axes.scatter([middle], [alert.value],  # type: ignore[arg-type]
                      color=styles[alert.device]["color"], **star)
     for rule in sorted({(alert.rule, alert.stat) for alert in alerts}):
