@@ -3,10 +3,11 @@ partition: QoS 1 publishes on persisted topics, from a publisher on the worker t
 topic's partition and from one on a worker that does not.
 
 A persisted publish (commit log on, ``log.persist_filters`` matching, QoS 1) is appended by the
-worker that leads its partition. A publish taken by another worker goes there as an ``APPEND``
-link frame; the leader appends it, routes it once durable (to its own subscribers, and as a
-``FORWARD`` to every worker with one, the sender included) and answers (``REPLY``); only then
-does the publisher's worker send the PUBACK (docs/workers.md, "The leader").
+worker that leads its partition (partition p on worker p mod N). A publish taken by another
+worker goes there in an ``APPEND`` link frame (batched per loop turn); the leader appends it,
+routes it once durable to its own subscribers and as a ``FORWARD`` to the other workers with
+one, and answers ``APPENDED``; the publisher's worker then delivers it to its own subscribers
+and sends the PUBACK (docs/workers.md, "Partition leaders: the commit log").
 
 The traffic is ``linkcost``'s placed client at QoS 1 (publishes and subscriptions), on topics
 ``bench/append/<i>``, with the commit log on and ``log.fsync = "always"`` (the default
@@ -15,29 +16,28 @@ policy). Each client is placed relative to the leader of its pair's topic, as
 
 Cases (``CASES``): ``single``: one worker (no mesh); ``leader``: two workers, publisher and
 subscriber on the topic's leader (nothing crosses); ``append``: the publisher on a worker that
-does not lead, the subscriber on the leader (APPEND and REPLY cross); ``append_back``: publisher
-and subscriber on the same worker, which does not lead (APPEND, REPLY and the FORWARD back).
+does not lead, the subscriber on the leader (APPEND and APPENDED cross); ``append_back``:
+publisher and subscriber on the same worker, which does not lead (APPEND and APPENDED cross,
+and the publisher's worker delivers).
 append - leader, in broker CPU µs per message, is the cost of forwarding an append.
 """
 
 from __future__ import annotations
 
 import enum
+import zlib
 from dataclasses import dataclass
 
 from meshbench.scenarios import LOG_ON
 
 
-def leader_of_topic(topic: str, workers: int) -> int:
+def leader_of_topic(topic: str, workers: int, partitions: int = 8) -> int:
     """The worker that leads the partition ``topic``'s records go to, on a node of ``workers``
-    workers. This must follow the broker's rule: while worker 0 leads every partition it is 0.
-    Once partition p is led by worker p mod N it becomes
-    ``zlib.crc32(topic.encode()) % partitions % workers``, ``partitions`` being the node's
-    ``log.partitions`` (default 8, ``LogSettings`` in src/meshmq/config.py; the key is the
-    whole topic while ``log.key_level`` is unset, as in these runs). Where the broker says
-    which worker leads (in a CONNACK or PUBACK property, say), read it from there instead."""
-    del topic, workers  # worker 0, the leader, owns the whole commit log (docs/workers.md)
-    return 0
+    workers: partition p is led by worker p mod N (src/meshmq/cluster/leaders.py), and a
+    topic's partition is ``zlib.crc32(topic) % partitions`` (src/meshmq/log/partitioner.py;
+    ``partitions`` is the node's ``log.partitions``, default 8, and the key is the whole topic
+    while ``log.key_level`` is unset, as in these runs)."""
+    return zlib.crc32(topic.encode("utf-8")) % partitions % workers
 
 
 class Where(enum.Enum):
