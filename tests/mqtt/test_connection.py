@@ -37,6 +37,28 @@ def test_connect_then_publish_events_in_order() -> None:
     assert [e.topic for e in conn.events_received()] == ["a/b", "a/c"]
 
 
+def test_pingreq_pipelined_behind_connect_is_answered_after_the_connack() -> None:
+    # MQTT-3.2.0-1: the first packet the server sends is the CONNACK, in 5.0 and 3.1.1.
+    for version in (5, 4):
+        conn = ServerConnection()
+        conn.receive_data(encode_packet(Connect("c", version), version) + b"\xc0\x00" * 2)
+        assert [type(e) for e in conn.events_received()] == [Connect]
+        assert conn.data_to_send() == b""  # nothing before the CONNACK
+        conn.send_connack(0)
+        connack = encode_packet(Connack(False, 0), version)
+        # then one PINGRESP per PINGREQ, in order
+        assert conn.data_to_send() == connack + b"\xd0\x00" * 2
+
+
+def test_pingreq_pipelined_behind_a_refused_connect_is_never_answered() -> None:
+    conn = ServerConnection()
+    conn.receive_data(encode_packet(Connect("c", 5), 5) + b"\xc0\x00")
+    conn.events_received()
+    conn.send_connack(ReasonCode.QUOTA_EXCEEDED)
+    assert decode_frames(conn.data_to_send(), 5) == [Connack(False, ReasonCode.QUOTA_EXCEEDED)]
+    assert conn.state is CLOSED
+
+
 def test_claimed_length_above_maximum_is_refused_before_buffering() -> None:
     conn = connected(max_packet_size=1024)
     conn.receive_data(b"\x30\xff\xff\xff\x7f")  # claims 256 MB; no body sent

@@ -201,6 +201,30 @@ def limited(tmp_path_factory: pytest.TempPathFactory):
     broker.stop()
 
 
+def test_a_refused_client_still_sending_reads_its_connack_then_an_orderly_end(
+        limited, raw_factory) -> None:
+    """Refused over a limit, a client that pipelined more after its CONNECT must read the
+    CONNACK 0x97 and then the end of the stream, not a reset (broker/linger.py): the refusal
+    closes gracefully like every other close."""
+    broker, _ = limited
+    held = [raw_factory(broker.port, 5) for _ in range(3)]
+    for number, raw in enumerate(held):
+        assert raw.connect(f"pipelined-held-{number}").reason_code == 0
+    connect = encode_packet(Connect(client_id="pipelined-refused"), 5)
+    pingreqs = b"\xc0\x00" * 100_000  # 200 kB behind the CONNECT, below the linger bound
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=WAIT) as sock:
+        sock.sendall(connect + pingreqs)
+        received = b""
+        while chunk := sock.recv(65536):  # a reset raises ConnectionResetError here
+            received += chunk
+    first, start, stop = parse_fixed_header(received, 0, len(received))
+    connack = decode_packet(first, received[:stop], start, stop, 5)
+    assert isinstance(connack, Connack) and connack.reason_code == 0x97
+    assert received[stop:] == b""  # nothing but the CONNACK, then EOF
+    for raw in held:
+        raw.close()
+
+
 def test_max_connections_per_listener(limited, raw_factory, client_factory) -> None:
     broker, _ = limited
     held = [raw_factory(broker.port, 5) for _ in range(3)]

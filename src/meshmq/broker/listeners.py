@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from meshmq.broker.admission import Admission, Decision, NetworkRules, Ticket, Verdict
 from meshmq.broker.certauth import CertificateAuthenticator
 from meshmq.broker.layer import stream_transport
+from meshmq.broker.linger import close_gracefully
 from meshmq.broker.protocol import ClientProtocol
 from meshmq.broker.tls import ServerCertificates
 from meshmq.broker.tlslayer import TLSLayer
@@ -141,7 +142,7 @@ class Refuser(asyncio.Protocol):
             if out:
                 self.transport.write(out)
             if conn.closed:
-                self.transport.close()
+                close_gracefully(self.transport)  # the peer may still be sending: no reset
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:

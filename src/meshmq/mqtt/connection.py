@@ -117,6 +117,7 @@ class ServerConnection:
         "_more",
         "_need",
         "_out",
+        "_pings_before_connack",
         "_qos1_in",
         "_qos2_in",
         "_topics",
@@ -155,6 +156,7 @@ class ServerConnection:
         max_events: int = 0,
     ) -> None:
         self.state = AWAIT_CONNECT
+        self._pings_before_connack = 0
         self.version = MQTT_311
         self.max_packet_size = max_packet_size
         self.receive_maximum = receive_maximum
@@ -347,7 +349,13 @@ class ServerConnection:
         elif self.state is AWAIT_CONNECT:
             raise RemoteProtocolError(f"{packet.type.name} before CONNECT")  # MQTT-3.1.0-1
         elif packet.type is _PINGREQ:
-            self._out.append(_PINGRESP)
+            if self.state is CONNECTING:
+                # MQTT-3.2.0-1 (5.0 and 3.1.1): the first packet we send is the CONNACK; a
+                # PINGREQ pipelined behind the CONNECT is answered after it (or never, if the
+                # CONNACK refuses).
+                self._pings_before_connack += 1
+            else:
+                self._out.append(_PINGRESP)
             return
         elif packet.type is _PUBREL:
             self._qos2_in.discard(packet.packet_id)
@@ -542,6 +550,8 @@ class ServerConnection:
             self.state = CLOSED
         else:
             self.state = CONNECTED
+            self._out.extend([_PINGRESP] * self._pings_before_connack)
+            self._pings_before_connack = 0
             # MQTT-3.1.2-26, -27: never above the client's maximum, none if it sent 0
             maximum = min(self.outgoing_alias_maximum, self.client_topic_alias_maximum)
             self.outgoing_alias_maximum = maximum
