@@ -181,3 +181,7 @@ class BrokerEvents(Protocol):
 
     def published(self, message: Message, username: str | None) -> None:
         """A PUBLISH from a client passed the ACL check and goes on to be stored or routed."""
+
+    def statistics(self) -> dict[str, int]:
+        """Counters for ``$SYS``: ``sent_events``, ``failed_posts``, ``dropped_queue_full``
+        and ``dropped_after_retries`` at least."""

@@ -131,7 +131,11 @@ class Webhooks:
                 batch = await self._next_batch()
                 if not batch:
                     return  # closing, and nothing left
-                await self._deliver(http, batch)
+                try:
+                    await self._deliver(http, batch)
+                except Exception:  # a bug: lose this batch, not the sender
+                    log.exception("webhook batch lost events=%d", len(batch))
+                    self.stats.dropped_after_retries += len(batch)
 
     def close(self) -> None:
         """No more waiting: ``run`` sends what is queued (one attempt per batch) and returns.
