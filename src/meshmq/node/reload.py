@@ -30,6 +30,7 @@ from meshmq.auth.acl import ACLFileError, read_acl_file
 from meshmq.auth.passwords import PasswordFileError, read_password_file
 from meshmq.broker.tls import TLSConfigError, build_server_context
 from meshmq.config import BrokerConfig, ConfigError, config_reference, load_config
+from meshmq.logsetup import kv
 
 log = logging.getLogger("meshmq.reload")
 
@@ -120,17 +121,19 @@ class ConfigReloader:
         now = [key for key in changed if reloadable(key)]
         later = [key for key in changed if not reloadable(key)]
         for key in now:
-            log.info("configuration changed key=%s old=%s new=%s", key,
-                     _shown(value_of(self.loaded, key)), _shown(value_of(new, key)))
+            log.info("configuration changed", extra=kv(
+                key=key, old=_shown(value_of(self.loaded, key)), new=_shown(value_of(new, key))))
         if later:
-            log.warning("configuration changes that need a restart keys=%s", ",".join(later))
+            log.warning("configuration changes that need a restart",
+                        extra=kv(keys=",".join(later)))
         if not changed:
             log.info("configuration unchanged")
         self.loaded = with_values(self.loaded, new, now)
         return with_values(running, self.prepare(new), now)
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Any) -> Any:
+    """A value as the file spells it (booleans in lower case)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    return repr(value) if isinstance(value, str) else str(value)
+    return value

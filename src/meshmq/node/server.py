@@ -30,6 +30,7 @@ from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.cluster.workers import WorkerCluster
 from meshmq.config import BrokerConfig
 from meshmq.log.errors import LogConfigError, LogError
+from meshmq.logsetup import kv
 from meshmq.node.reload import ConfigReloader, ConfigSource
 from meshmq.node.webhooks import CLOSE_GRACE, Webhooks
 
@@ -137,8 +138,8 @@ class BrokerServer:
         webhooks = self.webhooks = Webhooks(self.config.hooks, broker.index)
         broker.events = webhooks
         self.webhook_task = asyncio.get_running_loop().create_task(webhooks.run())
-        log.info("webhooks on url=%s events=%s", self.config.hooks.url,
-                 ",".join(sorted(webhooks.cfg.event_names)) or "none")
+        log.info("webhooks on", extra=kv(url=self.config.hooks.url,
+                                         events=",".join(sorted(webhooks.cfg.event_names))))
 
     def reload(self) -> None:
         """SIGHUP: apply what the configuration file changed and may change now
@@ -182,8 +183,8 @@ class BrokerServer:
         try:
             await asyncio.wait_for(self.webhook_task, CLOSE_GRACE)
         except TimeoutError:
-            log.warning("webhooks stopped with events unsent queued=%d",
-                        len(self.webhooks.queue))
+            log.warning("webhooks stopped with events unsent",
+                        extra=kv(queued=len(self.webhooks.queue)))
         except Exception:  # a bug in the sender must not spoil the shutdown
             log.exception("webhook sender failed")
 

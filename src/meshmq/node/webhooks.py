@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from meshmq.logsetup import kv
 from meshmq.mqtt.topics import topic_matches
 
 if TYPE_CHECKING:
@@ -104,8 +105,8 @@ class Webhooks:
         queue = self.queue
         if len(queue) >= self.cfg.queue_size:
             self.stats.dropped_queue_full += 1
-            self._warn("drop", "webhook queue full: events dropped dropped=%d",
-                       self.stats.dropped_queue_full)
+            self._warn("webhook queue full: events dropped",
+                       dropped=self.stats.dropped_queue_full)
             return
         queue.append(event)
         self._arrived.set()
@@ -132,10 +133,15 @@ class Webhooks:
                 if not batch:
                     return  # closing, and nothing left
                 try:
-                    await self._deliver(http, batch)
+                    sent = await self._deliver(http, batch)
                 except Exception:  # a bug: lose this batch, not the sender
-                    log.exception("webhook batch lost events=%d", len(batch))
+                    log.exception("webhook batch lost", extra=kv(events=len(batch)))
                     self.stats.dropped_after_retries += len(batch)
+                    sent = False
+                if not sent and self.closing:  # the receiver is down: no point in the rest
+                    self.stats.dropped_after_retries += len(self.queue)
+                    self.queue.clear()
+                    return
 
     def close(self) -> None:
         """No more waiting: ``run`` sends what is queued (one attempt per batch) and returns.
@@ -159,8 +165,9 @@ class Webhooks:
         count = min(len(queue), self.cfg.batch_size)
         return [queue.popleft() for _ in range(count)]
 
-    async def _deliver(self, http: aiohttp.ClientSession, events: list[dict[str, Any]]) -> None:
-        """POST one batch, retrying with capped exponential backoff; count the outcome."""
+    async def _deliver(self, http: aiohttp.ClientSession, events: list[dict[str, Any]]) -> bool:
+        """POST one batch, retrying with capped exponential backoff; count the outcome.
+        True when the receiver took it."""
         cfg = self.cfg
         body = json.dumps({"worker": self.worker, "events": events}).encode("utf-8")
         backoff = cfg.retry_backoff_ms / 1000
@@ -169,17 +176,17 @@ class Webhooks:
             if not problem:
                 self.stats.sent_batches += 1
                 self.stats.sent_events += len(events)
-                return
+                return True
             self.stats.failed_posts += 1
-            self._warn("post", "webhook POST failed url=%s attempt=%d error=%s", cfg.url,
-                       attempt + 1, problem)
+            self._warn("webhook POST failed", url=cfg.url, attempt=attempt + 1, error=problem)
             if attempt == cfg.retries or self.closing:
                 break
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, cfg.retry_backoff_max_ms / 1000)
         self.stats.dropped_after_retries += len(events)
-        log.warning("webhook batch dropped after %d attempts events=%d dropped=%d", attempt + 1,
-                    len(events), self.stats.dropped_after_retries)
+        self._warn("webhook batch dropped after its last attempt", attempts=attempt + 1,
+                   dropped=self.stats.dropped_after_retries)
+        return False
 
     async def _post(self, http: aiohttp.ClientSession, body: bytes) -> str:
         """One POST; "" when the receiver took it (2xx), else what went wrong."""
@@ -194,8 +201,9 @@ class Webhooks:
         except aiohttp.ClientError as exc:
             return " ".join(str(exc).split()) or type(exc).__name__
 
-    def _warn(self, kind: str, fmt: str, *args: object) -> None:
+    def _warn(self, message: str, **fields: object) -> None:
+        """Log ``message`` unless it was logged less than ``LOG_EVERY`` seconds ago."""
         now = time.monotonic()
-        if now - self._last_warning.get(kind, -LOG_EVERY) >= LOG_EVERY:
-            self._last_warning[kind] = now
-            log.warning(fmt, *args)
+        if now - self._last_warning.get(message, -LOG_EVERY) >= LOG_EVERY:
+            self._last_warning[message] = now
+            log.warning(message, extra=kv(**fields))
