@@ -8,6 +8,7 @@ log lines; a file that cannot be used leaves the running configuration as it was
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 from pathlib import Path
@@ -152,3 +153,25 @@ def test_the_reloader_applies_reloadable_keys_and_lets_flags_win(
     assert lines(caplog) == [
         ("configuration changes that need a restart", {"keys": "server.port"})]
     assert load_config(path).server.port == 1999
+
+
+def test_a_worker_restarted_after_a_reload_runs_with_the_reloaded_configuration(
+        tmp_path: Path, raw_factory) -> None:
+    broker = start_broker(tmp_path, "[limits]\nmax_subscriptions = 1000\n", workers=2)
+    try:
+        config_file(broker).write_text("[limits]\nmax_subscriptions = 1\n")
+        hup_and_wait(broker, "configuration changed key=limits.max_subscriptions", 2)
+        started = wait_for(lambda: re.search(r"workers started count=2 pids=(\d+),(\d+)",
+                                             broker.log()), what="the started line")
+        os.kill(int(started.group(2)), signal.SIGKILL)
+        wait_for(lambda: "worker restarted index=1" in broker.log(), what="the restart")
+        for attempt in range(100):  # until the new worker 1 serves a client
+            client = raw_factory(broker.port)
+            connack = client.connect(f"after-{attempt}")
+            if worker_of(connack) == "1":
+                break
+            client.close()
+        assert worker_of(connack) == "1"
+        assert client.subscribe(two_filters(1)).reason_codes == [1, QUOTA_EXCEEDED]
+    finally:
+        broker.stop()

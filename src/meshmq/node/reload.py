@@ -108,18 +108,27 @@ class ConfigReloader:
         self.loaded = loaded
         self.prepare = prepare
 
-    def plan(self, running: BrokerConfig) -> BrokerConfig | None:
+    def plan(self, running: BrokerConfig, report: bool = True) -> BrokerConfig | None:
         """The running configuration with what the file changed and may change now (logged),
-        or None when the file cannot be used (logged: the caller keeps ``running``)."""
+        or None when the file cannot be used (logged: the caller keeps ``running``).
+        ``report=False``: log nothing (the supervisor: its workers report)."""
         try:
             new = self.source.load()
             check_new_files(running, new)
         except (ConfigError, PasswordFileError, ACLFileError, TLSConfigError) as exc:
-            log.error("configuration not reloaded, keeping the running one: %s", exc)
+            if report:
+                log.error("configuration not reloaded, keeping the running one: %s", exc)
             return None
         changed = changed_keys(self.loaded, new)
         now = [key for key in changed if reloadable(key)]
-        later = [key for key in changed if not reloadable(key)]
+        if report:
+            self.report(changed, now, new)
+        self.loaded = with_values(self.loaded, new, now)
+        return with_values(running, self.prepare(new), now)
+
+    def report(self, changed: list[str], now: list[str], new: BrokerConfig) -> None:
+        """One line per key applied (``now``), one for the rest of ``changed``."""
+        later = [key for key in changed if key not in now]
         for key in now:
             log.info("configuration changed", extra=kv(
                 key=key, old=_shown(value_of(self.loaded, key)), new=_shown(value_of(new, key))))
@@ -128,8 +137,6 @@ class ConfigReloader:
                         extra=kv(keys=",".join(later)))
         if not changed:
             log.info("configuration unchanged")
-        self.loaded = with_values(self.loaded, new, now)
-        return with_values(running, self.prepare(new), now)
 
 
 def _shown(value: Any) -> Any:

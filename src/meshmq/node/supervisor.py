@@ -429,6 +429,16 @@ class Supervisor:
                  self.config.server.port)
         self.started = True
 
+    def reload(self) -> None:
+        """SIGHUP: take what the workers take (quietly: they log it), so that a worker started
+        again later runs with it too, and follow ``server.log_level``."""
+        if self.reloader is None:
+            return
+        config = self.reloader.plan(self.config, report=False)
+        if config is not None:
+            self.config = config
+            logging.getLogger().setLevel(config.server.log_level.upper())
+
     def supervise(self) -> int:
         """Forward signals and restart crashed workers until SIGTERM/SIGINT; exit status."""
         while True:
@@ -439,6 +449,7 @@ class Supervisor:
                 return 0
             if signal.SIGHUP in signals:
                 self.signal_workers(signal.SIGHUP, ready_only=True)
+                self.reload()
             if not all(self.schedule_restart(one) for one in exited):
                 self.stop_all(SHUTDOWN_GRACE)
                 return 1
