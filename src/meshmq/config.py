@@ -255,11 +255,11 @@ def _check_events(value: str) -> str:
 def _check_filters(value: str) -> str:
     for topic_filter in _split_list(value):
         if topic_filter.startswith("$share/"):
-            return f"bad topic filter {topic_filter!r}: a shared subscription is not a filter here"
+            return f"bad topic filter: a shared subscription is no filter here: {topic_filter!r}"
         try:
             validate_topic_filter(topic_filter)
         except RemoteProtocolError as exc:
-            return f"bad topic filter {topic_filter!r}: {exc}"
+            return f"bad topic filter: {exc}"  # (names the filter)
     return ""
 
 
