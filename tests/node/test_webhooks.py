@@ -227,3 +227,19 @@ def test_each_worker_posts_its_own_events(tmp_path, raw_factory, receiver_factor
         assert posted_by() == served
     finally:
         broker.stop()
+
+
+def test_events_still_queued_at_shutdown_are_sent_before_exit(
+        tmp_path, raw_factory, receiver_factory) -> None:
+    receiver = receiver_factory()
+    broker = start_broker(tmp_path, hooks_config(receiver.url, batch_delay_ms=600_000))
+    try:
+        raw_factory(broker.port).connect("stayer")
+        wait_for(lambda: "client connected client_id=stayer" in broker.log(), what="the connect")
+        assert receiver.requests == []  # the batch waits to fill (ten minutes)
+    finally:
+        assert broker.stop() == 0
+    events = receiver.events()
+    assert [(event["event"], event["client_id"]) for event in events] == [
+        ("client_connected", "stayer"), ("client_disconnected", "stayer")]
+    assert events[1]["reason"] == "server shutting down"

@@ -71,6 +71,7 @@ class Webhooks:
         self.closing = False
         self._arrived = asyncio.Event()  # the queue is not empty (or we are closing)
         self._filled = asyncio.Event()  # a whole batch is waiting (or we are closing)
+        self._closed = asyncio.Event()  # ends a backoff early
         self._last_warning: dict[str, float] = {}
 
     # ------------------------------------------------------------------ BrokerEvents
@@ -149,6 +150,7 @@ class Webhooks:
         self.closing = True
         self._arrived.set()
         self._filled.set()
+        self._closed.set()
 
     async def _next_batch(self) -> list[dict[str, Any]]:
         queue = self.queue
@@ -181,7 +183,10 @@ class Webhooks:
             self._warn("webhook POST failed", url=cfg.url, attempt=attempt + 1, error=problem)
             if attempt == cfg.retries or self.closing:
                 break
-            await asyncio.sleep(backoff)
+            try:  # a backoff ends early at shutdown, for a last attempt
+                await asyncio.wait_for(self._closed.wait(), backoff)
+            except TimeoutError:
+                pass
             backoff = min(backoff * 2, cfg.retry_backoff_max_ms / 1000)
         self.stats.dropped_after_retries += len(events)
         self._warn("webhook batch dropped after its last attempt", attempts=attempt + 1,
