@@ -231,6 +231,17 @@ def test_wrong_types_name_the_key(tmp_path: Path, text: str, key: str, rule: str
          "server.log_level: must be one of debug|info|warning|error, got 'INFO'"),
         ('[server]\nlog_format = "xml"\n',
          "server.log_format: must be one of text|json, got 'xml'"),
+        ('[hooks]\nurl = "ftp://example.com/x"\n',
+         "hooks.url: must be an http:// or https:// URL (or empty), got 'ftp://example.com/x'"),
+        ('[hooks]\nevents = "client_connected, subscribe"\n',
+         "hooks.events: unknown event 'subscribe' (known: client_connected,"
+         " client_disconnected, publish)"),
+        ('[hooks]\npublish_filters = "a/#/b"\n',
+         "hooks.publish_filters: bad topic filter: '#' must be the whole last level: 'a/#/b'"),
+        ('[hooks]\npublish_filters = "a/#, $share/g/b"\n',
+         "hooks.publish_filters: bad topic filter: a shared subscription is no filter here:"
+         " '$share/g/b'"),
+        ("[hooks]\ntimeout = 0\n", "hooks.timeout: must be a number greater than 0, got 0"),
     ],
 )
 def test_out_of_range_values_name_the_key(tmp_path: Path, text: str, message: str) -> None:
@@ -353,3 +364,11 @@ def test_example_toml_is_the_config_listing_and_holds_the_defaults() -> None:
     assert example.read_text() == render_config_reference(), (
         "regenerate with: .venv/bin/meshmq config > docs/example.toml")
     assert load_config(example) == BrokerConfig()
+
+
+def test_hook_lists_are_split_on_commas(tmp_path: Path) -> None:
+    hooks = load_config(write(tmp_path, '[hooks]\nurl = "https://h.example/x"\n'
+                                        'events = " publish ,client_connected"\n'
+                                        'publish_filters = "a/+, b/#,"\n')).hooks
+    assert hooks.event_names == {"publish", "client_connected"}
+    assert hooks.filters == ("a/+", "b/#")

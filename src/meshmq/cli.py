@@ -136,10 +136,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
 
     from meshmq.logsetup import configure_logging
+    from meshmq.node.reload import ConfigSource
     from meshmq.node.server import run_server  # imported late: only serve needs the broker
 
     configure_logging(config.server.log_level, config.server.log_format)
-    return run_server(config)
+    return run_server(config, ConfigSource(args.config, overrides))
 
 
 def toml_value(value: object) -> str:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from meshmq.mqtt.errors import RemoteProtocolError
+from meshmq.mqtt.topics import validate_topic_filter
 from meshmq.networks import parse_networks
 
 
@@ -153,6 +155,32 @@ class SecureWebSocketConfig(WebSocketConfig):
 
 
 @dataclass(frozen=True, slots=True)
+class HooksConfig:
+    """HTTP webhooks: batches of client and publish events POSTed as JSON (docs/operations.md)."""
+
+    url: str = ""
+    events: str = "client_connected,client_disconnected"
+    publish_filters: str = "#"
+    include_payload: bool = False
+    authorization: str = ""
+    batch_size: int = 100
+    batch_delay_ms: int = 200
+    queue_size: int = 10_000
+    timeout: float = 5.0
+    retries: int = 5
+    retry_backoff_ms: int = 500
+    retry_backoff_max_ms: int = 30_000
+
+    @property
+    def event_names(self) -> frozenset[str]:
+        return frozenset(_split_list(self.events))
+
+    @property
+    def filters(self) -> tuple[str, ...]:
+        return tuple(_split_list(self.publish_filters))
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
@@ -163,12 +191,13 @@ class BrokerConfig:
     tls: TLSConfig = field(default_factory=TLSConfig)
     ws: WebSocketConfig = field(default_factory=WebSocketConfig)
     wss: SecureWebSocketConfig = field(default_factory=SecureWebSocketConfig)
+    hooks: HooksConfig = field(default_factory=HooksConfig)
 
 
 _SECTIONS = {
     "server": ServerConfig, "mqtt": MQTTConfig, "session": SessionConfig, "auth": AuthConfig,
     "log": LogSettings, "limits": LimitsConfig, "tls": TLSConfig, "ws": WebSocketConfig,
-    "wss": SecureWebSocketConfig,
+    "wss": SecureWebSocketConfig, "hooks": HooksConfig,
 }
 
 
@@ -199,6 +228,71 @@ def _check_path(value: str) -> str:
     if not value.startswith("/") or any(c.isspace() or c in "?#" for c in value):
         return f"must be an HTTP path such as /mqtt, got {_show(value)}"
     return ""
+
+
+# ---------------------------------------------------------------------- [hooks]
+
+HOOK_EVENTS = ("client_connected", "client_disconnected", "publish")
+
+
+def _split_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _check_url(value: str) -> str:
+    if value and not value.startswith(("http://", "https://")):
+        return f"must be an http:// or https:// URL (or empty), got {_show(value)}"
+    return ""
+
+
+def _check_events(value: str) -> str:
+    unknown = [name for name in _split_list(value) if name not in HOOK_EVENTS]
+    if unknown:
+        return f"unknown event {unknown[0]!r} (known: {', '.join(HOOK_EVENTS)})"
+    return ""
+
+
+def _check_filters(value: str) -> str:
+    for topic_filter in _split_list(value):
+        if topic_filter.startswith("$share/"):
+            return f"bad topic filter: a shared subscription is no filter here: {topic_filter!r}"
+        try:
+            validate_topic_filter(topic_filter)
+        except RemoteProtocolError as exc:
+            return f"bad topic filter: {exc}"  # (names the filter)
+    return ""
+
+
+def _hooks_keys() -> dict[str, _Key]:
+    return {
+        "hooks.url": _Key(
+            str, None, "http:// or https:// URL the event batches are POSTed to (JSON); empty ="
+            " no webhooks", _check_url),
+        "hooks.events": _Key(
+            str, None, "comma-separated events to send: client_connected, client_disconnected,"
+            " publish", _check_events),
+        "hooks.publish_filters": _Key(
+            str, None, "comma-separated topic filters whose publishes are sent (with the"
+            " publish event)", _check_filters),
+        "hooks.include_payload": _Key(
+            bool, None, "publish events carry the payload (base64); false = its size only"),
+        "hooks.authorization": _Key(
+            str, None, "value of the Authorization header of each POST, e.g. \"Bearer"
+            " s3cret\"; empty = none"),
+        "hooks.batch_size": _Key(int, (1, 100_000), "most events in one POST"),
+        "hooks.batch_delay_ms": _Key(
+            int, (0, None), "longest an event waits for its batch to fill before it is sent"),
+        "hooks.queue_size": _Key(
+            int, (1, None), "events waiting to be sent, per worker; beyond it new events are"
+            " dropped and counted (the message path never waits)"),
+        "hooks.timeout": _Key(float, (0.0, None), "seconds one POST may take"),
+        "hooks.retries": _Key(
+            int, (0, None), "attempts after the first failed POST of a batch before it is dropped"
+            " and counted"),
+        "hooks.retry_backoff_ms": _Key(
+            int, (1, None), "wait before the first retry; doubled at each retry"),
+        "hooks.retry_backoff_max_ms": _Key(int, (1, None), "longest wait between retries"),
+    }
 
 
 def _admission_keys(section: str, listener: str) -> dict[str, _Key]:
@@ -356,6 +450,7 @@ _KEYS: dict[str, _Key] = {
     "wss.port": _Key(int, (0, 65535), "MQTT over secure WebSocket port; 0 picks a free port"),
     "wss.path": _Key(str, None, "HTTP path of the secure WebSocket endpoint", _check_path),
     **_admission_keys("wss", "the secure WebSocket listener"),
+    **_hooks_keys(),
 }
 
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
@@ -518,6 +613,7 @@ __all__ = [
     "AuthConfig",
     "BrokerConfig",
     "ConfigError",
+    "HooksConfig",
     "LimitsConfig",
     "LogSettings",
     "MQTTConfig",

@@ -465,3 +465,30 @@ def test_mosquitto_pub_with_a_client_certificate(mtls_broker, pki, client_factor
         capture_output=True, text=True, timeout=WAIT)
     assert refused.returncode != 0
     reader.expect_none(timeout=0.3)
+
+
+def test_sighup_takes_certificate_files_newly_named_in_the_config(tmp_path, pki,
+                                                                  other_pki) -> None:
+    """tls.certfile and tls.keyfile changed in the file: later handshakes use the new pair;
+    a pair that does not load is refused and the running one stays."""
+    tls = '[tls]\nenabled = true\nport = 0\ncertfile = "{}"\nkeyfile = "{}"\n'
+    broker = start_broker(tmp_path, tls.format(pki.cert_file, pki.key_file), "renamed")
+    config = broker.log_path.parent / "meshmq.toml"
+    try:
+        port = broker.port_of("tls")
+        broken = tmp_path / "broken.crt"
+        broken.write_text("not a certificate\n")
+        config.write_text(tls.format(broken, other_pki.key_file))
+        broker.proc.send_signal(signal.SIGHUP)
+        wait_log(broker, "configuration not reloaded, keeping the running one",
+                 "tls.certfile: no PEM certificate")
+        assert served_certificate(port, pki.client_context()) == \
+            ssl.PEM_cert_to_DER_cert(pki.cert_file.read_text())
+        config.write_text(tls.format(other_pki.cert_file, other_pki.key_file))
+        broker.proc.send_signal(signal.SIGHUP)
+        wait_log(broker, "configuration changed", "key=tls.certfile")
+        wait_log(broker, "tls certificate reloaded", str(other_pki.cert_file))
+        assert served_certificate(port, other_pki.client_context()) == \
+            ssl.PEM_cert_to_DER_cert(other_pki.cert_file.read_text())
+    finally:
+        broker.stop()

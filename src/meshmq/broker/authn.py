@@ -29,7 +29,7 @@ class ConnectAuthenticator(Protocol):
     authenticator wrapped around it)."""
 
     def check(self, packet: Connect, done: Callable[[int], None]) -> int | None: ...
-    def reload(self, password_file: str) -> None: ...
+    def reload(self, auth: AuthConfig) -> None: ...
     def close(self) -> None: ...
 
 
@@ -69,16 +69,23 @@ class Authenticator:
         ok = not future.cancelled() and future.exception() is None and future.result()
         done(0 if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD)
 
-    def reload(self, password_file: str) -> None:
-        """Re-read the password file (SIGHUP); on error keep the users loaded before."""
-        if self.verifier is None:
-            return  # no password file at start-up: nothing to reload
+    def reload(self, auth: AuthConfig) -> None:
+        """SIGHUP: re-read the password file, or read the one ``auth`` now names (or drop it);
+        on error keep the users loaded before. Pending checks finish with the old users."""
+        self.allow_anonymous = auth.allow_anonymous
+        if not auth.password_file:
+            if self.verifier is not None:
+                log.info("password file no longer used: no users")
+            self.verifier = None
+            return
         try:
-            verifier = PasswordVerifier.from_file(password_file)
+            verifier = PasswordVerifier.from_file(auth.password_file)
         except PasswordFileError as error:
             log.error("password file not reloaded, keeping the previous users: %s", error)
             return
         self.verifier = verifier
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="meshmq-auth")
         log.info("password file reloaded users=%d", len(verifier))
 
     def close(self) -> None:

@@ -48,6 +48,7 @@ from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from meshmq.broker.interfaces import (
+        BrokerEvents,
         NodeStatistics,
         PartitionLog,
         Peers,
@@ -94,6 +95,7 @@ class Broker:
         self.retained: RetainedMessages = self.local_retained
         self.directory: SessionDirectory = LocalDirectory()
         self.statistics_sink: NodeStatistics = LocalStatistics()
+        self.events: BrokerEvents | None = None  # webhooks (node/webhooks.py), when configured
         self.sys_topics = SysTopics(self, config.mqtt.sys_interval)
         self.connect_limiter = ConnectRateLimiter.from_config(config.limits, loop.time())
         self.shutting_down = False
@@ -207,23 +209,41 @@ class Broker:
 
     # ------------------------------------------------------------------ operations
 
+    def reconfigure(self, config: BrokerConfig) -> None:
+        """SIGHUP: take a configuration whose changes node/reload.py found safe to apply now
+        (limits, auth, log and a few CONNECT settings); call ``reload_auth`` next."""
+        old, self.config = self.config, config
+        if config.limits != old.limits:
+            limiter = ConnectRateLimiter.from_config(config.limits, self.loop.time())
+            limiter.refused = self.connect_limiter.refused
+            self.connect_limiter = limiter
+        self.lifecycle.connection_log_level = (
+            logging.INFO if config.server.log_connections else logging.DEBUG)
+
     def reload_auth(self) -> None:
-        """SIGHUP: re-read the password and ACL files. A file that fails to load is logged
-        and the rules in force stay; connected clients keep their sessions."""
+        """SIGHUP: re-read the password and ACL files (or read those ``auth`` now names). A
+        file that fails to load is logged and the rules in force stay; connected clients keep
+        their sessions."""
         auth = self.config.auth
-        if auth.password_file:
-            self.authenticator.reload(auth.password_file)
-        if auth.acl_file and self.acl is not None:
-            try:
-                acl = AccessControl.from_file(auth.acl_file)
-            except ACLFileError as error:
-                log.error("ACL file not reloaded, keeping the previous rules: %s", error)
-                return
-            self.acl = acl
-            for session in self.sessions.values():
-                session.may_receive = partial(acl.can_receive, session.username,
-                                              session.client_id)
-            log.info("ACL file reloaded")
+        self.authenticator.reload(auth)
+        if not auth.acl_file:
+            if self.acl is not None:
+                log.info("ACL file no longer used: no ACLs")
+            self._use_acl(None)
+            return
+        try:
+            acl = AccessControl.from_file(auth.acl_file)
+        except ACLFileError as error:
+            log.error("ACL file not reloaded, keeping the previous rules: %s", error)
+            return
+        self._use_acl(acl)
+        log.info("ACL file reloaded")
+
+    def _use_acl(self, acl: AccessControl | None) -> None:
+        self.acl = acl
+        for session in self.sessions.values():
+            session.may_receive = (None if acl is None else
+                                   partial(acl.can_receive, session.username, session.client_id))
 
     def shutdown(self) -> None:
         """Close every connection for a clean stop: DISCONNECT 0x8B, no wills."""

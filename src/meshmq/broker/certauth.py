@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshmq.broker.authn import ConnectAuthenticator
+from meshmq.config import AuthConfig
 from meshmq.mqtt.packets import Connect
 
 log = logging.getLogger("meshmq.auth")
@@ -46,8 +47,8 @@ class CertificateAuthenticator:
             return 0
         return self.inner.check(packet, done)
 
-    def reload(self, password_file: str) -> None:
-        self.inner.reload(password_file)
+    def reload(self, auth: AuthConfig) -> None:
+        self.inner.reload(auth)
 
     def close(self) -> None:
         self.inner.close()

@@ -183,6 +183,11 @@ class Connects:
         log.log(lifecycle.connection_log_level, "client connected", extra=kv(
             client_id=client_id, peer=client.peer, protocol=protocol_name(conn.version),
             clean=packet.clean_start, present=session_present, keep_alive=keep_alive))
+        events = broker.events
+        if events is not None:
+            events.client_connected(client_id, packet.username, client.peer,
+                                    protocol_name(conn.version), packet.clean_start,
+                                    session_present, keep_alive)
         broker.keeper.connected(session)
         session.attach(client, now)
 

@@ -12,6 +12,8 @@ so the core has no "am I alone?" branches.
 * ``RetainedMessages``: where retained messages are stored and looked up.
 * ``SessionDirectory``: which router holds a client id's session (claim on CONNECT, hand-over).
 * ``NodeStatistics``: the node-wide totals ``$SYS`` publishes.
+* ``BrokerEvents``: who hears of clients coming and going and of publishes (webhooks,
+  node/webhooks.py); optional: a broker without one pays a single ``is None`` test.
 """
 
 from __future__ import annotations
@@ -163,3 +165,23 @@ class NodeStatistics(Protocol):
 
     def complete(self) -> bool:
         """Every other router's figures have arrived at least once (since it linked)."""
+
+
+class BrokerEvents(Protocol):
+    """Listeners to client and publish events. Called on the message path: each call must
+    return at once (queue the event, never wait for I/O)."""
+
+    def client_connected(self, client_id: str, username: str | None, peer: str, protocol: str,
+                         clean_start: bool, session_present: bool, keep_alive: int) -> None:
+        """A CONNECT was accepted (after its CONNACK was queued)."""
+
+    def client_disconnected(self, client_id: str, username: str | None, peer: str,
+                            protocol: str, reason: str) -> None:
+        """An accepted connection ended (``reason`` as the connection log line gives it)."""
+
+    def published(self, message: Message, username: str | None) -> None:
+        """A PUBLISH from a client passed the ACL check and goes on to be stored or routed."""
+
+    def statistics(self) -> dict[str, int]:
+        """Counters for ``$SYS``: ``sent_events``, ``failed_posts``, ``dropped_queue_full``
+        and ``dropped_after_retries`` at least."""

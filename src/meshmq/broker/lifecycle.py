@@ -225,6 +225,10 @@ class Lifecycle:
         log.log(self.connection_log_level, "client disconnected", extra=kv(
             client_id=session.client_id, peer=client.peer,
             protocol=protocol_name(client.conn.version), reason=client.close_reason))
+        events = broker.events
+        if events is not None:
+            events.client_disconnected(session.client_id, session.username, client.peer,
+                                       protocol_name(client.conn.version), client.close_reason)
         session.detach()
         if broker.shutting_down:
             return  # wills are not sent on a clean broker shutdown; sessions are kept

@@ -323,9 +323,10 @@ class Listeners:
         lines += [f"{listener.spec.name}={listener.port}" for listener in self.listeners]
         return "\n".join(lines) + "\n"
 
-    def reload_tls(self) -> bool:
-        """Re-read the certificate files (SIGHUP); False if there is no TLS or it failed."""
-        return self.certificates is not None and self.certificates.reload()
+    def reload_tls(self, cfg: TLSConfig | None = None) -> bool:
+        """Re-read the certificate files (SIGHUP; from ``cfg`` when given: the configuration
+        changed); False if there is no TLS or it failed."""
+        return self.certificates is not None and self.certificates.reload(cfg)
 
     def close(self) -> None:
         for listener in self.listeners:

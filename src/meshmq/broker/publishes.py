@@ -72,6 +72,9 @@ class Publishes:
             packet.topic, packet.payload, qos, packet.retain, packet.properties,
             session.client_id, now,
         )
+        events = broker.events
+        if events is not None:
+            events.published(message, session.username)
         persistence = broker.persistence
         if persistence is not None and persistence.wants(packet.topic, qos):
             return self._persist(client, packet, message, persistence)

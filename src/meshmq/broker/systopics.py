@@ -43,6 +43,9 @@ TOPICS = {
     "subscriptions": "subscriptions/count",
     "retained": "retained messages/count",
     "forwarded": "mesh/forwarded",
+    "webhook_sent": "webhooks/sent",  # only with hooks.url
+    "webhook_failed": "webhooks/failed",
+    "webhook_dropped": "webhooks/dropped",
 }
 
 
@@ -53,7 +56,7 @@ def local_counts(broker: Broker) -> dict[str, int]:
         connected += session.client is not None
         dropped += session.dropped
         subscriptions += len(session.subscriptions)
-    return {
+    counts = {
         "clients_connected": connected,
         "clients_disconnected": len(broker.sessions) - connected,
         "clients_total": len(broker.sessions),
@@ -64,6 +67,12 @@ def local_counts(broker: Broker) -> dict[str, int]:
         "retained": broker.retained.count(),  # those this router keeps: no double counting
         "forwarded": 0,
     }
+    if broker.events is not None:
+        hooks = broker.events.statistics()
+        counts["webhook_sent"] = hooks["sent_events"]
+        counts["webhook_failed"] = hooks["failed_posts"]
+        counts["webhook_dropped"] = hooks["dropped_queue_full"] + hooks["dropped_after_retries"]
+    return counts
 
 
 class SysTopics:

@@ -104,14 +104,17 @@ class ServerCertificates:
             return "no"
         return "required" if self.cfg.require_client_cert else "optional"
 
-    def reload(self) -> bool:
-        """Build a new context from the files; keep the old one (and log why) on failure."""
+    def reload(self, cfg: TLSConfig | None = None) -> bool:
+        """Build a new context from the files (those ``cfg`` names, when given: the
+        configuration changed); keep the old one (and log why) on failure."""
+        cfg = cfg or self.cfg
         try:
-            context = build_server_context(self.cfg)
-            digest = fingerprint(self.cfg.certfile)
+            context = build_server_context(cfg)
+            digest = fingerprint(cfg.certfile)
         except (TLSConfigError, OSError, ValueError) as exc:
             log.error("tls reload failed, keeping the current certificate: %s", exc)
             return False
+        self.cfg = cfg
         self.context = context
         self.reloads += 1
         log.info("tls certificate reloaded certfile=%s sha256=%s", self.cfg.certfile, digest)

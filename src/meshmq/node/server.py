@@ -30,6 +30,9 @@ from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.cluster.workers import WorkerCluster
 from meshmq.config import BrokerConfig
 from meshmq.log.errors import LogConfigError, LogError
+from meshmq.logsetup import kv
+from meshmq.node.reload import ConfigReloader, ConfigSource
+from meshmq.node.webhooks import CLOSE_GRACE, Webhooks
 
 log = logging.getLogger("meshmq.server")
 
@@ -82,13 +85,17 @@ def _start_error(exc: OSError, data_dir: str) -> tuple[str, int]:
 class BrokerServer:
     """A running broker node; ``start()`` listens, ``stop()`` shuts down cleanly."""
 
-    def __init__(self, config: BrokerConfig, worker: WorkerSpec | None = None) -> None:
+    def __init__(self, config: BrokerConfig, worker: WorkerSpec | None = None,
+                 reloader: ConfigReloader | None = None) -> None:
         self.config = config
         self.worker = worker
+        self.reloader = reloader  # None: SIGHUP re-reads the files in use, not the config
         self.broker: Broker | None = None
         self.cluster: WorkerCluster | None = None
         self.port = 0
         self.listeners: Listeners | None = None
+        self.webhooks: Webhooks | None = None  # statistics() for $SYS and the admin plane
+        self.webhook_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         cfg = self.config.server
@@ -97,10 +104,12 @@ class BrokerServer:
         worker = self.worker
         if worker is None:
             broker = self.broker = Broker(self.config, loop)
+            self.start_webhooks(broker)
             broker.start()
         else:
             broker = self.broker = Broker(self.config, loop, worker.index, worker.count,
                                           open_log=False)
+            self.start_webhooks(broker)
             cluster = self.cluster = WorkerCluster(broker, worker)
             await cluster.start()  # linked to every peer before the state is restored
             broker.start()
@@ -122,14 +131,35 @@ class BrokerServer:
             Path(tmp).write_text(listeners.port_file_text())
             os.replace(tmp, cfg.port_file)  # readers never see a half-written file
 
+    def start_webhooks(self, broker: Broker) -> None:
+        """With ``hooks.url``: events go to a queue that a task of their own posts from."""
+        if not self.config.hooks.url:
+            return
+        webhooks = self.webhooks = Webhooks(self.config.hooks, broker.index)
+        broker.events = webhooks
+        self.webhook_task = asyncio.get_running_loop().create_task(webhooks.run())
+        log.info("webhooks on", extra=kv(url=self.config.hooks.url,
+                                         events=",".join(sorted(webhooks.cfg.event_names))))
+
     def reload(self) -> None:
-        """SIGHUP: re-read TLS certificates, the password file and the ACL file (existing
-        connections are kept; a file that fails to load leaves the old one in force)."""
+        """SIGHUP: apply what the configuration file changed and may change now
+        (node/reload.py), then re-read TLS certificates, the password file and the ACL file
+        (existing connections are kept; a file that fails to load leaves the old one in force)."""
         log.info("SIGHUP: reloading")
+        if self.reloader is not None:
+            config = self.reloader.plan(self.config)
+            if config is not None:
+                self.reconfigure(config)
         if self.listeners is not None:
-            self.listeners.reload_tls()
+            self.listeners.reload_tls(self.config.tls)
         if self.broker is not None:
             self.broker.reload_auth()
+
+    def reconfigure(self, config: BrokerConfig) -> None:
+        self.config = config
+        logging.getLogger().setLevel(config.server.log_level.upper())
+        if self.broker is not None:
+            self.broker.reconfigure(config)
 
     async def stop(self) -> None:
         if self.listeners is not None:
@@ -142,7 +172,21 @@ class BrokerServer:
             await self.listeners.wait_closed()
         if self.broker is not None:
             self.broker.close()
+        await self.stop_webhooks()
         log.info("stopped")
+
+    async def stop_webhooks(self) -> None:
+        """Send what is queued (the last disconnections included) within ``CLOSE_GRACE``."""
+        if self.webhooks is None or self.webhook_task is None:
+            return
+        self.webhooks.close()
+        try:
+            await asyncio.wait_for(self.webhook_task, CLOSE_GRACE)
+        except TimeoutError:
+            log.warning("webhooks stopped with events unsent",
+                        extra=kv(queued=len(self.webhooks.queue)))
+        except Exception:  # a bug in the sender must not spoil the shutdown
+            log.exception("webhook sender failed")
 
 
 def _is_loopback(host: str) -> bool:
@@ -156,13 +200,14 @@ def _is_loopback(host: str) -> bool:
 
 async def serve(
     config: BrokerConfig, worker: WorkerSpec | None = None,
-    ready: Callable[[], None] | None = None,
+    ready: Callable[[], None] | None = None, reloader: ConfigReloader | None = None,
 ) -> int:
     """Run a node (or one worker of it) until SIGTERM or SIGINT; return the exit code.
 
-    ``ready`` is called once the listeners are up (the supervisor waits for it).
+    ``ready`` is called once the listeners are up (the supervisor waits for it);
+    ``reloader`` re-reads the configuration on SIGHUP.
     """
-    server = BrokerServer(config, worker)
+    server = BrokerServer(config, worker, reloader)
     try:
         await server.start()
     except (PasswordFileError, ACLFileError, LogConfigError, TLSConfigError,
@@ -198,19 +243,22 @@ async def serve(
     return 0
 
 
-def run_server(config: BrokerConfig) -> int:
-    """Blocking entry point used by ``meshmq serve``."""
+def run_server(config: BrokerConfig, source: ConfigSource | None = None) -> int:
+    """Blocking entry point used by ``meshmq serve``; ``source``: where ``config`` came from
+    (SIGHUP reads it again)."""
     count = resolve_workers(config.server.workers)
     if count > 1:
         from meshmq.node.supervisor import supervise
 
-        return supervise(config, count)
-    return _run(serve(config))
+        return supervise(config, count, source)
+    reloader = ConfigReloader(source, config) if source is not None else None
+    return _run(serve(config, reloader=reloader))
 
 
-def run_worker(config: BrokerConfig, worker: WorkerSpec, ready: Callable[[], None]) -> int:
+def run_worker(config: BrokerConfig, worker: WorkerSpec, ready: Callable[[], None],
+               reloader: ConfigReloader | None = None) -> int:
     """Blocking entry point of a worker process (started by the supervisor)."""
-    return _run(serve(config, worker, ready))
+    return _run(serve(config, worker, ready, reloader))
 
 
 def _run(main: Coroutine[Any, Any, int]) -> int:

@@ -62,6 +62,7 @@ from meshmq.config import BrokerConfig
 from meshmq.log.commit_log import lock_node_log
 from meshmq.log.errors import LogConfigError, LogError
 from meshmq.logsetup import set_worker
+from meshmq.node.reload import ConfigReloader, ConfigSource
 from meshmq.node.server import DataDirError, prepare_data_dir, run_worker
 
 log = logging.getLogger("meshmq.supervisor")
@@ -255,8 +256,9 @@ class Supervisor:
     """Forks the workers, waits for them, forwards signals and restarts crashed workers."""
 
     def __init__(self, config: BrokerConfig, count: int, sockets: list[socket.socket],
-                 log_lock: int | None = None) -> None:
+                 log_lock: int | None = None, reloader: ConfigReloader | None = None) -> None:
         self.config = config  # the workers' configuration, with the concrete ports
+        self.reloader = reloader  # each worker's, for SIGHUP (each worker reloads itself)
         self.sockets = sockets
         self.log_lock = log_lock  # the commit log's node-wide lock, held while workers run
         token = secrets.token_hex(8)
@@ -315,7 +317,7 @@ class Supervisor:
                 signal.signal(signum, signal.SIG_DFL)
             self.drop_inherited()
             set_worker(spec.index)
-            code = run_worker(self.config, spec, _ready_writer(ready_fd))
+            code = run_worker(self.config, spec, _ready_writer(ready_fd), self.reloader)
         except BaseException:
             log.exception("worker failed index=%d", spec.index)
             code = 1
@@ -427,6 +429,16 @@ class Supervisor:
                  self.config.server.port)
         self.started = True
 
+    def reload(self) -> None:
+        """SIGHUP: take what the workers take (quietly: they log it), so that a worker started
+        again later runs with it too, and follow ``server.log_level``."""
+        if self.reloader is None:
+            return
+        config = self.reloader.plan(self.config, report=False)
+        if config is not None:
+            self.config = config
+            logging.getLogger().setLevel(config.server.log_level.upper())
+
     def supervise(self) -> int:
         """Forward signals and restart crashed workers until SIGTERM/SIGINT; exit status."""
         while True:
@@ -437,6 +449,7 @@ class Supervisor:
                 return 0
             if signal.SIGHUP in signals:
                 self.signal_workers(signal.SIGHUP, ready_only=True)
+                self.reload()
             if not all(self.schedule_restart(one) for one in exited):
                 self.stop_all(SHUTDOWN_GRACE)
                 return 1
@@ -496,8 +509,10 @@ def _ready_writer(fd: int) -> Callable[[], None]:
     return ready
 
 
-def supervise(config: BrokerConfig, count: int) -> int:
+def supervise(config: BrokerConfig, count: int, source: ConfigSource | None = None) -> int:
     """Run a node of ``count`` worker processes until SIGTERM or SIGINT; the exit status.
+
+    ``source``: where ``config`` came from; on SIGHUP each worker reads it again.
 
     Blocking, and must be called from the main thread of a process that has no other thread.
     """
@@ -521,7 +536,9 @@ def supervise(config: BrokerConfig, count: int) -> int:
                   exc.remedy(config.server.data_dir))
         return 2 if isinstance(exc, LogConfigError) else 1
     try:
-        return Supervisor(worker_config, count, sockets, log_lock).run()
+        reloader = None if source is None else ConfigReloader(
+            source, config, lambda loaded: share_node_limits(loaded, count))
+        return Supervisor(worker_config, count, sockets, log_lock, reloader).run()
     finally:
         for sock in sockets:
             sock.close()
