@@ -72,6 +72,15 @@ class NoLogHere(LogDirectoryError):
     """The directory (or its ``log`` subdirectory) holds no ``meta.json``."""
 
 
+class UnusableMeta(LogDirectoryError):
+    """``meta.json`` (at ``path``) is unreadable or describes a log this reader cannot read."""
+
+    def __init__(self, path: Path, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
+
+
 # -- the directory ------------------------------------------------------------------------------
 
 
@@ -112,8 +121,8 @@ class LogDirectory:
     def locate(cls, given: Path | str) -> LogDirectory:
         """Accept a broker data_dir (``DIR/log/meta.json``) or the log directory itself.
 
-        Raises ``NoLogHere`` when neither holds a log, ``LogDirectoryError`` for a
-        ``meta.json`` this reader cannot use; each with a one-line explanation.
+        Raises ``NoLogHere`` when neither holds a log, ``UnusableMeta`` for a ``meta.json``
+        this reader cannot use; each with a one-line explanation.
         """
         given = Path(given)
         if not given.is_dir():
@@ -183,11 +192,14 @@ def _read_meta(path: Path) -> int:
         meta = json.loads(path.read_text(encoding="utf-8"))
         fmt, version, partitions = meta["format"], meta["format_version"], meta["partitions"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LogDirectoryError(f"{path} is unreadable: {exc}") from None
+        raise UnusableMeta(path, f"unreadable: {exc}", f"{path} is unreadable: {exc}") from None
     if fmt != META_FORMAT or version != META_VERSION:
-        raise LogDirectoryError(f"{path}: unsupported log format {fmt!r} version {version!r}")
+        reason = (f"unsupported log format {fmt!r} version {version!r} (this reader knows "
+                  f"{META_FORMAT!r} {META_VERSION})")
+        raise UnusableMeta(path, reason, f"{path}: {reason}")
     if not isinstance(partitions, int) or partitions < 1:
-        raise LogDirectoryError(f"{path}: invalid partition count {partitions!r}")
+        reason = f"invalid partition count {partitions!r}"
+        raise UnusableMeta(path, reason, f"{path}: {reason}")
     return partitions
 
 
@@ -414,14 +426,13 @@ def batches_from(segment: OpenSegment, offset: int, end: int | None = None, *,
 
 
 def end_offset(segment: OpenSegment) -> int:
-    """One past the segment's last whole batch, walking from its last good index entry."""
+    """One past the segment's last whole checksummed batch, walking from its last good index
+    entry. Raises ``CorruptSegment`` for damage that cannot be a write in progress."""
     position, end = segment.index_start(sys.maxsize)
-    walk = Walk(segment, position)
-    last: Walked | None = None
-    for last in walk:
-        end = last.header.last_offset + 1
-    if last is not None and decode_walked(walk, last) is None:
-        end = last.header.base_offset  # being written
+    walk = Walk(segment, position, check=verify_batch)
+    for walked in walk:
+        end = walked.header.last_offset + 1
+    walk.raise_unless_tolerated()
     return end
 
 
