@@ -4,9 +4,11 @@ Theory of operation
 -------------------
 The owner of a partition (``CommitLog``: the flock, every write) may append, roll, truncate a
 torn tail and delete old segments at any moment. Readers without the lock (``LogView`` in the
-broker's workers, the ``meshmq log`` tools, the Spark source) read the files as
-``docs/log-format.md`` ("Reading the log from another program") says, through this module only.
-Nothing here locks, creates, writes or truncates a file.
+broker's workers, the ``meshmq log`` tools, the Spark source) find and open the files through
+this module, and read them as ``docs/log-format.md`` ("Reading the log from another program")
+says. (The tools add, in ``inspect.py``, a walk over the bytes that resynchronises past damage
+to report all of it; everyone else stops at the first.) Nothing here locks, creates, writes or
+truncates a file.
 
 * ``LogDirectory`` resolves a data_dir or a log dir, checks ``meta.json`` and lists a
   partition's segments (``SegmentFile``) by name, oldest first. A listing goes stale: retention
