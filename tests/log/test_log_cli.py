@@ -33,7 +33,8 @@ from meshmq.cli import main
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
 from meshmq.log.errors import CorruptSegment
-from meshmq.log.inspect import LogDirectory, iso_timestamp, parse_timestamp, summarize_segment
+from meshmq.log.inspect import iso_timestamp, parse_timestamp, summarize_segment
+from meshmq.log.reader import LogDirectory
 from meshmq.log.record import Record
 from meshmq.log.render import payload_text
 from meshmq.log.verify import verify

@@ -17,8 +17,8 @@ from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import UNLIMITED, LogConfig
 from meshmq.log.errors import CorruptSegment, OffsetOutOfRange
 from meshmq.log.files import segment_file_name
-from meshmq.log.inspect import LogDirectoryError
 from meshmq.log.partition import DEFAULT_READ_BYTES
+from meshmq.log.reader import LogDirectoryError
 from meshmq.log.record import Record, encode_batch
 from meshmq.log.view import LogView
 

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from meshmq.log.errors import CorruptBatch, IncompleteBatch
-from meshmq.log.inspect import Batch, Damage, LogDirectory, SegmentFile, walk_batches
+from meshmq.log.inspect import Batch, Damage, walk_batches
+from meshmq.log.reader import LogDirectory, SegmentFile
 from meshmq.log.record import Record, decode_batch, read_batch_header, verify_batch
 from meshmq.mqtt.topics import topic_matches
 

@@ -27,7 +27,8 @@ from typing import Any
 from meshmq.config import ServerConfig
 from meshmq.log.browse import Follower, Selection, dump_records, tail_partition
 from meshmq.log.errors import LogDirectoryLocked, LogError
-from meshmq.log.inspect import LogDirectory, LogDirectoryError, parse_timestamp, summarize_segment
+from meshmq.log.inspect import parse_timestamp, summarize_segment
+from meshmq.log.reader import LogDirectory, LogDirectoryError
 from meshmq.log.record import Record
 from meshmq.log.render import (
     PAYLOAD_MODES,

@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 The tools must work while a broker has the log open, so nothing here goes through
 ``CommitLog``/``LogSegment`` (they take the ``.lock`` flock, create missing files, rebuild
-indexes and truncate torn tails). Instead the files are read as ``docs/log-format.md`` says an
-outside program should: ``meta.json`` for the partition count, each partition's ``*.log`` files
-in name order, and batches in file order. Nothing is ever written.
+indexes and truncate torn tails). The directory, its ``meta.json`` and the listing of each
+partition's segments are ``reader.py``'s (``LogDirectory``, ``SegmentFile``), as for every
+reader of the log; what this module adds is the tools' own view of damage. Nothing is ever
+written.
 
 ``walk_batches`` is the one batch walker: over the bytes of a segment it yields each good batch
 (``Batch``) and each damaged region (``Damage``). At a bad batch it looks for the next batch
@@ -15,25 +16,21 @@ from there, so one walk reports every damaged region and every valid batch after
 
 A running broker appends to the last segment of each partition: a ``Damage`` at the end of that
 segment that runs to the end of the file is possibly a write in progress (``in_progress``), not
-corruption. ``log_is_locked`` tells whether a broker holds the log, without taking the lock.
+corruption. ``reader.log_is_locked`` tells whether a broker holds the log, without taking the lock.
 A segment deleted by retention between listing and reading reads as ``None``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import NamedTuple
 
-from meshmq.log.commit_log import LOG_DIRECTORY, META_FILE, META_FORMAT, META_VERSION
-from meshmq.log.errors import CorruptBatch, IncompleteBatch, LogError
-from meshmq.log.files import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_file_name
-from meshmq.log.locks import LOCK_FILE, is_locked
+from meshmq.log.errors import CorruptBatch, IncompleteBatch
+from meshmq.log.reader import BatchCheck, OpenSegment, SegmentFile
 from meshmq.log.record import (
     BATCH_HEADER,
     FORMAT_VERSION,
@@ -53,103 +50,7 @@ SCAN_CHUNK_BYTES = 1 << 20  # header scans read this much at a time
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class LogDirectoryError(LogError):
-    """The directory given is not a log the tools can read (one line, for the user)."""
-
-
-# -- the directory --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentFile:
-    """One ``.log`` file as listed; it may vanish (retention) before it is read."""
-
-    partition: int
-    base_offset: int
-    path: Path
-
-    @property
-    def index_path(self) -> Path:
-        return self.path.with_suffix(INDEX_SUFFIX)
-
-    @property
-    def timeindex_path(self) -> Path:
-        return self.path.with_suffix(TIMEINDEX_SUFFIX)
-
-    def read(self, start: int = 0) -> bytes | None:
-        """The file's bytes from ``start`` to its current end; None if it was deleted."""
-        try:
-            with open(self.path, "rb") as file:
-                file.seek(start)
-                return file.read()
-        except FileNotFoundError:
-            return None
-
-
-@dataclass(frozen=True, slots=True)
-class LogDirectory:
-    """A log directory (the one holding ``meta.json``) and what ``meta.json`` says."""
-
-    path: Path
-    partitions: int
-
-    @classmethod
-    def locate(cls, given: Path | str) -> LogDirectory:
-        """Accept a broker data_dir (``DIR/log/meta.json``) or the log directory itself.
-
-        Raises ``LogDirectoryError`` with a one-line explanation otherwise.
-        """
-        given = Path(given)
-        if not given.is_dir():
-            raise LogDirectoryError(f"{given}: no such directory")
-        for candidate in (given, given / LOG_DIRECTORY):
-            if (candidate / META_FILE).is_file():
-                return cls(candidate, _read_meta(candidate / META_FILE))
-        raise LogDirectoryError(
-            f"{given}: no commit log here (neither {given / LOG_DIRECTORY / META_FILE} "
-            f"nor {given / META_FILE} exists)")
-
-    def partition_dir(self, partition: int) -> Path:
-        return self.path / str(partition)
-
-    def segments(self, partition: int) -> list[SegmentFile]:
-        """The partition's segments in offset order (empty if the directory is missing)."""
-        try:
-            names = os.listdir(self.partition_dir(partition))
-        except FileNotFoundError:
-            return []
-        bases = sorted(int(name[: -len(LOG_SUFFIX)]) for name in names
-                       if name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit())
-        directory = self.partition_dir(partition)
-        return [SegmentFile(partition, base, directory / segment_file_name(base, LOG_SUFFIX))
-                for base in bases]
-
-    def is_locked(self) -> bool:
-        return log_is_locked(self.path)
-
-
-def _read_meta(path: Path) -> int:
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        fmt, version, partitions = meta["format"], meta["format_version"], meta["partitions"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LogDirectoryError(f"{path} is unreadable: {exc}") from None
-    if fmt != META_FORMAT or version != META_VERSION:
-        raise LogDirectoryError(f"{path}: unsupported log format {fmt!r} version {version!r}")
-    if not isinstance(partitions, int) or partitions < 1:
-        raise LogDirectoryError(f"{path}: invalid partition count {partitions!r}")
-    return partitions
-
-
-def log_is_locked(log_dir: Path) -> bool:
-    """Whether a process holds the flock on ``log_dir/.lock`` (a broker has the log open)."""
-    return is_locked(log_dir / LOCK_FILE)
-
-
 # -- walking the batches of a segment -------------------------------------------------------
-
-
-BatchCheck = Callable[[bytes, int], BatchHeader]
 
 
 class Batch(NamedTuple):
@@ -277,15 +178,13 @@ def summarize_segment(segment: SegmentFile) -> SegmentSummary:
     except FileNotFoundError:
         pass
     try:
-        fd = os.open(segment.path, os.O_RDONLY)
+        opened = OpenSegment(segment, sealed=True)
     except FileNotFoundError:
         summary.vanished = True
         return summary
-    try:
-        summary.size = os.fstat(fd).st_size
-        _scan_headers(fd, summary)
-    finally:
-        os.close(fd)
+    with opened:
+        summary.size = opened.size()
+        _scan_headers(opened.fd, summary)
     return summary
 
 

@@ -41,8 +41,8 @@ from meshmq.log.backup import (
 )
 from meshmq.log.errors import LogDirectoryLocked
 from meshmq.log.files import fsync_directory
-from meshmq.log.inspect import LogDirectory, SegmentFile
 from meshmq.log.locks import LOCK_FILE, acquire
+from meshmq.log.reader import LogDirectory, SegmentFile
 from meshmq.log.segment import DEFAULT_INDEX_INTERVAL_BYTES, LogSegment
 from meshmq.log.verify import Problem, SegmentCheck, VerifyReport, verify
 

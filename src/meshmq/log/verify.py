@@ -31,14 +31,8 @@ from pathlib import Path
 from meshmq.log.backup import REPAIR_TEMP_SUFFIX
 from meshmq.log.files import INDEX_SUFFIX, TIMEINDEX_SUFFIX
 from meshmq.log.index import OffsetIndex, TimeIndex
-from meshmq.log.inspect import (
-    Batch,
-    Damage,
-    LogDirectory,
-    SegmentFile,
-    decoded_header,
-    walk_batches,
-)
+from meshmq.log.inspect import Batch, Damage, decoded_header, walk_batches
+from meshmq.log.reader import LogDirectory, SegmentFile
 from meshmq.log.record import NO_TIMESTAMP, BatchHeader, peek_batch_header
 
 

@@ -2,30 +2,27 @@
 
 Theory of operation
 -------------------
-With ``server.workers = N`` one process owns ``data_dir/log`` (``CommitLog``: the flock and
-every write); the other workers read the same files through a ``LogView`` so that their
-persistent sessions can catch up from the log. The view answers ``CommitLog``'s reading calls
-(``read``, ``earliest_offset``, ``next_offset``, ``offset_for_timestamp``) with the same results
-and never locks, creates, writes or truncates a file. It reads as ``docs/log-format.md``
-("Reading the log from another program") says; ``inspect.LogDirectory`` checks ``meta.json``
-and lists the segments.
+With ``server.workers = N`` each partition has one leader process (``CommitLog``: the flock and
+every write); the other workers read its files through a ``LogView`` so that their persistent
+sessions can catch up from the log. The view answers ``CommitLog``'s reading calls (``read``,
+``earliest_offset``, ``next_offset``, ``offset_for_timestamp``) with the same results and never
+locks, creates, writes or truncates a file. Listing, opening, the indexes and the batch walk
+are ``reader.py``'s (the one reader of the files); this module adds the per-partition cursor
+and ``CommitLog.read``'s limits.
 
-Sequential reads. Each partition has a ``_Cursor``: one open segment (an ``O_RDONLY`` fd read
-with ``os.pread``) and the byte position of the batch holding the offset that follows the last
-read (inside a batch when ``max_records`` cut it). A read starting there costs one ``fstat``
-(is the file still linked?) before its ``pread``; the read size follows the bytes per record
-seen so far; the records of a batch that ``max_records`` cut are kept for the next read. An
-earlier offset in the open segment is found with its ``.index`` (the last entry at or below
-it, checked against the header it points to, else byte 0); any other offset lists the
-directory first, then uses the index of the segment holding it. Batch headers are then walked
-forward to the offset.
+Sequential reads. Each partition has a ``_Cursor``: one ``OpenSegment`` and the byte position
+of the batch holding the offset that follows the last read (inside a batch when
+``max_records`` cut it). A read starting there costs one ``fstat`` (is the file still linked?)
+before its ``pread``; the read size follows the bytes per record seen so far; the records of
+a batch that ``max_records`` cut are kept for the next read. An earlier offset in the open
+segment is found with its ``.index``; any other offset lists the directory first, then uses the
+index of the segment holding it. Batch headers are then walked forward to the offset.
 
 Files changing underneath:
 
-* Only whole batches whose checksum matches are returned. In a segment not known to be sealed,
-  a batch cut short by the end of the file, or failing its checksum and ending exactly there,
-  is a write in progress (or a torn tail that the owner truncates when it next opens the log):
-  the read stops before it without an error. Other damage is ``CorruptSegment``.
+* Only whole batches whose checksum matches are returned. A ``Tail`` the reader tolerates (a
+  write in progress at the end of an unsealed segment) ends the read without an error; other
+  damage is ``CorruptSegment``.
 * A segment is *sealed* once a listing shows a later one. At the end of an unsealed segment the
   view lists the directory and only then reads the rest of the segment once more (the listing
   must come first, or a batch appended just before the roll could be missed); at the end of a
@@ -40,39 +37,24 @@ Not thread-safe: each thread (the broker: its event loop) uses its own view.
 from __future__ import annotations
 
 import bisect
-import os
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from struct import Struct
 from types import TracebackType
 
-from meshmq.log.errors import (
-    CorruptBatch,
-    CorruptSegment,
-    IncompleteBatch,
-    LogError,
-    OffsetOutOfRange,
-)
-from meshmq.log.index import OffsetIndex, TimeIndex
-from meshmq.log.inspect import LogDirectory, SegmentFile
+from meshmq.log.errors import LogError, OffsetOutOfRange
 from meshmq.log.partition import DEFAULT_READ_BYTES
-from meshmq.log.record import (
-    HEADER_SIZE,
-    BatchHeader,
-    Record,
-    decode_batch,
-    peek_batch_header,
-    read_batch_header,
+from meshmq.log.reader import (
+    LISTING_ATTEMPTS,
+    LogDirectory,
+    OpenSegment,
+    SegmentFile,
+    Walk,
+    decode_walked,
 )
+from meshmq.log.record import BatchHeader, Record
 
-WALK_BYTES = 64 * 1024  # header walks (seeks, timestamps, next_offset) read this much at once
 MIN_READ_BYTES = 16 * 1024
 INITIAL_BYTES_PER_RECORD = 256
-LISTING_ATTEMPTS = 8  # retention may delete a listed segment before it is opened
-
-WalkedBatch = tuple[BatchHeader, bytes, int, int]  # header, buffer, start in it, file position
 
 
 class LogView:
@@ -112,41 +94,16 @@ class LogView:
 
     def earliest_offset(self, partition: int) -> int:
         """The lowest offset still stored (0 while the partition has no segment)."""
-        listing = self._directory.segments(partition)
-        return listing[0].base_offset if listing else 0
+        return self._directory.earliest_offset(partition)
 
     def next_offset(self, partition: int) -> int:
         """One past the last whole batch of the partition (the last one's checksum checked)."""
-        for _ in range(LISTING_ATTEMPTS):
-            listing = self._directory.segments(partition)
-            if not listing:
-                return 0
-            try:
-                segment = _OpenSegment(listing[-1], sealed=False)
-            except FileNotFoundError:
-                continue  # the owner truncated below it meanwhile: list again
-            try:
-                return _end_offset(segment)
-            finally:
-                segment.close()
-        raise LogError(f"partition {partition}: its segments keep disappearing")
+        return self._directory.next_offset(partition)
 
     def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None:
         """First offset whose record timestamp is >= ``timestamp_ms``; None: all are older,
         start from ``next_offset``."""
-        listing = self._directory.segments(partition)
-        for i, file in enumerate(listing):
-            try:
-                segment = _OpenSegment(file, sealed=i + 1 < len(listing))
-            except FileNotFoundError:
-                continue  # deleted by retention since the listing
-            try:
-                found = _first_offset_at_or_after(segment, timestamp_ms)
-            finally:
-                segment.close()
-            if found is not None:
-                return found
-        return None
+        return self._directory.offset_for_timestamp(partition, timestamp_ms)
 
     def close(self) -> None:
         """Close every open segment. Idempotent; a closed view reopens files if used again."""
@@ -206,7 +163,7 @@ class LogView:
         if later[0].base_offset > cursor.first and segment.deleted():
             raise OffsetOutOfRange(offset, listing[0].base_offset, self.next_offset(partition))
         try:
-            cursor.move(_OpenSegment(later[0], sealed=len(later) > 1), 0, later[0].base_offset)
+            cursor.move(OpenSegment(later[0], sealed=len(later) > 1), 0, later[0].base_offset)
         except FileNotFoundError:
             return False  # deleted meanwhile: the next read lists again
         return True
@@ -220,15 +177,15 @@ class LogView:
         end (True: look for the next segment)."""
         segment = cursor.segment
         assert segment is not None
-        walk = _Walk(segment, cursor.position, _read_size(cursor, limits))
-        for header, data, at, position in walk:
+        walk = Walk(segment, cursor.position, _read_size(cursor, limits))
+        for walked in walk:
+            header, position = walked.header, walked.position
             if header.last_offset < offset:
                 cursor.pass_batch(position, header)
                 continue
             if not limits.admits(header.batch_length):
                 return False
-            batch = cursor.take_rest(position, offset) or _decode(
-                segment, walk, (header, data, at, position))
+            batch = cursor.take_rest(position, offset) or decode_walked(walk, walked)
             if batch is None:
                 return True  # a write in progress: was the segment sealed meanwhile?
             records += batch if header.base_offset >= offset else [
@@ -240,7 +197,7 @@ class LogView:
                 cursor.pass_batch(position, header)
             if limits.exhausted():
                 return False
-        _check_end(segment, walk)
+        walk.raise_unless_tolerated()
         return True
 
 
@@ -278,167 +235,6 @@ def _read_size(cursor: _Cursor, limits: _Limits) -> int:
     return max(left, MIN_READ_BYTES)
 
 
-# -- one segment ------------------------------------------------------------------------------
-
-
-class _OpenSegment:
-    """A listed segment opened read-only; ``sealed`` once a listing showed a later segment."""
-
-    def __init__(self, file: SegmentFile, *, sealed: bool) -> None:
-        """Raises ``FileNotFoundError`` when the segment was deleted since the listing."""
-        self.file = file
-        self.sealed = sealed
-        self.fd = os.open(file.path, os.O_RDONLY)
-        self._offset_index = b""
-        self._offset_index_final = False
-
-    @property
-    def base_offset(self) -> int:
-        return self.file.base_offset
-
-    def size(self) -> int:
-        return os.fstat(self.fd).st_size
-
-    def deleted(self) -> bool:
-        """Whether retention unlinked the file (the fd still reads it)."""
-        return os.fstat(self.fd).st_nlink == 0
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def index_start(self, offset: int) -> tuple[int, int]:
-        """(byte position, base offset) of a batch at or before the one holding ``offset``:
-        the last ``.index`` entry at or below it if a batch with that offset starts there."""
-        if not self._offset_index_final:  # the active segment's index grows; a sealed one not
-            self._offset_index = _read_index(self.file.index_path)
-            self._offset_index_final = self.sealed
-        found = _count_entries(self._offset_index, OffsetIndex.ENTRY, offset - self.base_offset)
-        if found:
-            relative, position = _entry(self._offset_index, OffsetIndex.ENTRY, found - 1)
-            if self._batch_starts_at(position, self.base_offset + relative):
-                return position, self.base_offset + relative
-        return 0, self.base_offset
-
-    def time_index_start(self, timestamp_ms: int) -> int:
-        """A byte position before which every record is older than ``timestamp_ms``."""
-        raw = _read_index(self.file.timeindex_path)
-        older = _count_entries(raw, TimeIndex.ENTRY, timestamp_ms - 1)
-        if not older:
-            return 0
-        relative = _entry(raw, TimeIndex.ENTRY, older - 1)[1]
-        return self.index_start(self.base_offset + relative)[0]
-
-    def _batch_starts_at(self, position: int, offset: int) -> bool:
-        try:
-            header = peek_batch_header(os.pread(self.fd, HEADER_SIZE, position))
-        except (CorruptBatch, IncompleteBatch):
-            return False
-        return header.base_offset == offset
-
-
-def _read_index(path: Path) -> bytes:
-    """An index file's bytes (b"" if it is missing: the indexes are only hints)."""
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return b""
-
-
-def _entry(raw: bytes, entry: Struct, i: int) -> tuple[int, int]:
-    return entry.unpack_from(raw, i * entry.size)
-
-
-def _count_entries(raw: bytes, entry: Struct, key: int) -> int:
-    """How many leading entries of an index (keys increasing) have a key <= ``key``; a torn
-    entry being written at the end is left out."""
-    return bisect.bisect_right(range(len(raw) // entry.size), key,
-                               key=lambda i: _entry(raw, entry, i)[0])
-
-
-class _Walk:
-    """The whole batches of a segment from byte ``start`` up to its size when the walk began,
-    read ``chunk`` bytes at a time; headers are checked here, checksums by ``_decode``.
-
-    Yields ``WalkedBatch`` tuples. When the walk ends before ``size``, ``problem`` is the
-    batch it could not get past: (position, reason, whether the file ends inside it).
-    """
-
-    def __init__(self, segment: _OpenSegment, start: int, chunk: int) -> None:
-        self.segment = segment
-        self.start = start
-        self.chunk = chunk
-        self.size = segment.size()
-        self.problem: tuple[int, str, bool] | None = None
-
-    def __iter__(self) -> Iterator[WalkedBatch]:
-        position, chunk = self.start, self.chunk
-        while position < self.size:
-            data = os.pread(self.segment.fd, min(chunk, self.size - position), position)
-            at = 0
-            while True:
-                try:
-                    header = read_batch_header(data, at)
-                except IncompleteBatch:
-                    break  # the buffer ends inside this batch
-                except CorruptBatch as exc:
-                    self.problem = (position + at, str(exc), False)
-                    return
-                yield header, data, at, position + at
-                at += header.batch_length
-            if at == 0:  # the first batch is longer than ``chunk``, or the file ends inside it
-                if len(data) < chunk or position + len(data) >= self.size:
-                    self.problem = (position, "the file ends inside this batch", True)
-                    return
-                chunk = peek_batch_header(data).batch_length
-            position += at
-
-
-def _decode(segment: _OpenSegment, walk: _Walk, batch: WalkedBatch) -> list[Record] | None:
-    """The records of a walked batch; None when it may be a write in progress."""
-    header, data, at, position = batch
-    try:
-        return decode_batch(data, at)[0]
-    except (CorruptBatch, IncompleteBatch) as exc:
-        if not segment.sealed and position + header.batch_length == walk.size:
-            return None
-        raise CorruptSegment(segment.file.path, position, str(exc)) from None
-
-
-def _check_end(segment: _OpenSegment, walk: _Walk) -> None:
-    """Raise for the damage that ended ``walk``, unless it may be a write in progress."""
-    if walk.problem is not None:
-        position, reason, cut_short = walk.problem
-        if segment.sealed or not cut_short:
-            raise CorruptSegment(segment.file.path, position, reason)
-
-
-def _end_offset(segment: _OpenSegment) -> int:
-    """One past the segment's last whole batch, walking from its last good index entry."""
-    position, end = segment.index_start(sys.maxsize)
-    walk = _Walk(segment, position, WALK_BYTES)
-    last: WalkedBatch | None = None
-    for last in walk:
-        end = last[0].last_offset + 1
-    if last is not None and _decode(segment, walk, last) is None:
-        end = last[0].base_offset  # being written
-    return end
-
-
-def _first_offset_at_or_after(segment: _OpenSegment, timestamp_ms: int) -> int | None:
-    """The segment's first offset with a timestamp >= ``timestamp_ms``, or None."""
-    walk = _Walk(segment, segment.time_index_start(timestamp_ms), WALK_BYTES)
-    for walked in walk:
-        if walked[0].max_timestamp >= timestamp_ms:
-            batch = _decode(segment, walk, walked)
-            if batch is None:
-                return None  # being written
-            return next(r.offset for r in batch if r.timestamp_ms >= timestamp_ms)
-    _check_end(segment, walk)
-    return None
-
-
 @dataclass(slots=True)
 class _Cursor:
     """Where the next read of a partition starts without a search: the batch at ``position``
@@ -446,7 +242,7 @@ class _Cursor:
     ``first == last`` is the next offset). ``rest`` holds the records of that batch that the
     last read decoded but did not return (``max_records`` cut it)."""
 
-    segment: _OpenSegment | None = None
+    segment: OpenSegment | None = None
     position: int = 0
     first: int = 0
     last: int = -1
@@ -456,7 +252,7 @@ class _Cursor:
     def holds(self, offset: int) -> bool:
         return self.segment is not None and self.first <= offset <= self.last
 
-    def move(self, segment: _OpenSegment | None, position: int, first: int,
+    def move(self, segment: OpenSegment | None, position: int, first: int,
              last: int | None = None) -> None:
         """Point at another batch (closing the old segment when the segment changes)."""
         if self.segment is not None and self.segment is not segment:
@@ -476,11 +272,11 @@ class _Cursor:
     def pass_batch(self, position: int, header: BatchHeader) -> None:
         self.move(self.segment, position + header.batch_length, header.last_offset + 1)
 
-    def reuse_or_open(self, file: SegmentFile, *, sealed: bool) -> _OpenSegment:
+    def reuse_or_open(self, file: SegmentFile, *, sealed: bool) -> OpenSegment:
         """The open segment if it is ``file`` and still linked, else ``file`` opened."""
         segment = self.segment
         if segment is not None and segment.base_offset == file.base_offset and (
                 not segment.deleted()):
             segment.sealed = segment.sealed or sealed
             return segment
-        return _OpenSegment(file, sealed=sealed)
+        return OpenSegment(file, sealed=sealed)

@@ -24,14 +24,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from meshmq.pipeline.columns import ColumnBuilder
 from meshmq.pipeline.errors import DataLossError, SourceOptionError
-from meshmq.pipeline.logdir import LogDirectory, SegmentFile
+from meshmq.pipeline.logdir import LogDirectory, open_segment, read_batches
 from meshmq.pipeline.options import EARLIEST, LATEST, Position, ReadOptions, Timestamp
 
 log = logging.getLogger("meshmq.pipeline")
@@ -132,8 +131,8 @@ def report_data_loss(partition: int, start: int, end: int, detail: str,
 def read_split(split: SegmentSplit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     """Every wanted record of ``split`` as Arrow batches of up to ``ARROW_BATCH_ROWS`` rows."""
     try:
-        segment = SegmentFile(Path(split.log_dir) / str(split.partition), split.segment_base,
-                              last=split.last)
+        segment = open_segment(split.log_dir, split.partition, split.segment_base,
+                               last=split.last)
     except FileNotFoundError:
         report_data_loss(split.partition, split.start, split.end,
                          f"segment {split.segment_base} was deleted by retention",
@@ -144,11 +143,7 @@ def read_split(split: SegmentSplit, options: ReadOptions) -> Iterator[pa.RecordB
     with segment:
         # The plan never asks for more than was whole when it was made: in a sealed segment
         # a batch cut short is corruption, in the active one it lies after the range.
-        for header, data, at, position in segment.batches(segment.position_for(split.start)):
-            if header.last_offset < split.start:
-                continue
-            if header.base_offset >= split.end:
-                break
+        for header, data, at, position in read_batches(segment, split.start, split.end):
             builder.add_batch(header, data, at, split.start, split.end, str(segment.path),
                               position)
             seen = header.last_offset + 1

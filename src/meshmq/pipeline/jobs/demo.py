@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshmq.log.inspect import log_is_locked
+from meshmq.log.reader import log_is_locked
 from meshmq.pipeline.jobs.common import JobError, check_log_dir
 from meshmq.pipeline.jobs.demo_fleet import (
     BAD_PAYLOADS,
