@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import resource
 import select
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from conftest import start_broker
 from meshmq.auth.passwords import hash_password, write_password_file
 from meshmq.mqtt.codec import encode_packet
-from meshmq.mqtt.packets import Connack, Connect
+from meshmq.mqtt.packets import Connack, Connect, Disconnect, Pingreq, Pingresp
 from rawclient import RawClient
 
 STORM = 3000  # clients: three times the old default burst, CI-sized (a few seconds)
@@ -104,3 +105,39 @@ def test_known_credentials_do_not_wait_behind_argon2(tmp_path: Path) -> None:
             raw.close()
     finally:
         broker.stop()
+
+
+def test_silent_clients_are_dropped_at_one_and_a_half_keep_alive(broker) -> None:
+    """200 clients with Keep Alive 2 s go silent: each is closed (5.0: DISCONNECT 0x8D) 3 s
+    after its CONNACK, not before and at most a wheel slot (0.25 s) plus scheduling later;
+    a client that pings meanwhile stays (MQTT-3.1.2-24)."""
+    pinger = RawClient(broker.port, 5)
+    assert pinger.connect("pinger", keep_alive=2).reason_code == 0
+    silent: dict[RawClient, float] = {}
+    for index in range(200):
+        raw = RawClient(broker.port, 5)
+        assert raw.connect(f"silent-{index}", keep_alive=2).reason_code == 0
+        silent[raw] = time.monotonic()  # the broker counts from just before this CONNACK
+    closed: dict[RawClient, float] = {}
+    next_ping = time.monotonic() + 1.0
+    while len(closed) < len(silent) and time.monotonic() < next_ping + 10:
+        if time.monotonic() >= next_ping:
+            pinger.send(Pingreq())
+            pinger.recv_type(Pingresp)
+            next_ping += 1.0
+        open_ = [raw.sock for raw in silent if raw not in closed]
+        ready, _, _ = select.select(open_, [], [], max(0.0, next_ping - time.monotonic()))
+        for raw in silent:
+            if raw.sock in ready and raw not in closed and raw.closed(timeout=1):
+                closed[raw] = time.monotonic()
+    assert len(closed) == len(silent), f"{len(silent) - len(closed)} silent clients still open"
+    late = [closed[raw] - since for raw, since in silent.items()]
+    assert min(late) >= 3.0 - 0.05, f"closed after {min(late):.2f} s, before 1.5 x 2 s"
+    assert max(late) <= 3.0 + 0.25 + 0.75, f"closed after {max(late):.2f} s"
+    assert all([(type(p), p.reason_code) for p in raw.packets()] == [(Disconnect, 0x8D)]
+               for raw in silent)
+    pinger.send(Pingreq())  # the barrier: it is still served
+    pinger.recv_type(Pingresp)
+    for raw in silent:
+        raw.close()
+    pinger.close()

@@ -83,9 +83,9 @@ class ClientProtocol(asyncio.Protocol):
         self.close_reason = ""  # why the connection ends, for the "client disconnected" line
         self.log_positions = False  # CONNECT asked for log positions on delivery (replay.md)
         self._dirty = False
-        self._keep_alive = 0.0
-        self._last_read = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        # Deadlines live in the broker's timer wheel (deadlines.py), which reads these two.
+        self.keep_alive_limit = 0.0  # 1.5 x the Keep Alive once connected; 0 = none (yet)
+        self.last_read = 0.0
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -97,15 +97,13 @@ class ClientProtocol(asyncio.Protocol):
         self.broker.clients.add(self)
         for reason in self.broker.input_pauses:
             self._pause_reading(reason)
-        loop = self.broker.loop
-        deadline = self.broker.config.mqtt.connect_timeout
-        self._timer = loop.call_later(deadline, self._connect_timeout)
+        self.broker.await_connect(self)  # mqtt.connect_timeout from now
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
         conn = self.conn
-        self._last_read = now = self.broker.loop.time()
+        self.last_read = now = self.broker.loop.time()
         conn.receive_data(data)
         events = conn.events_received()
         if self.throttle is not None:
@@ -144,9 +142,7 @@ class ClientProtocol(asyncio.Protocol):
         if self._resume_handle is not None:
             self._resume_handle.cancel()
             self._resume_handle = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.broker.forget_deadline(self)
         self.conn.receive_eof()
         if not self.close_reason:
             self.close_reason = "socket closed"
@@ -244,33 +240,25 @@ class ClientProtocol(asyncio.Protocol):
 
     def connected(self, keep_alive: int) -> None:
         """CONNACK sent: replace the CONNECT deadline by the keep-alive check."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         broker = self.broker
-        self.throttle = ClientThrottle.from_config(broker.config.limits, broker.loop.time())
-        if keep_alive:
-            self._keep_alive = keep_alive * 1.5  # MQTT-3.1.2-24
-            self._timer = self.broker.loop.call_later(self._keep_alive, self._check_keep_alive)
+        now = broker.loop.time()
+        self.throttle = ClientThrottle.from_config(broker.config.limits, now)
+        self.last_read = now  # silence counts from the CONNACK (authentication may be slow)
+        self.keep_alive_limit = keep_alive * 1.5  # MQTT-3.1.2-24
+        broker.watch_keep_alive(self)  # (or forget the CONNECT deadline, with keep alive 0)
 
-    def _connect_timeout(self) -> None:
-        self._timer = None
-        log.info("no CONNECT in time peer=%s", self.peer)
-        self.close()
-
-    def _check_keep_alive(self) -> None:
-        loop = self.broker.loop
-        if self.broker.input_pauses:  # we stopped reading every client: silence is ours
-            self._last_read = loop.time()
-        idle = loop.time() - self._last_read
-        if idle >= self._keep_alive:
-            self._timer = None
-            log.info("keep alive timeout client_id=%s peer=%s", self.client_id, self.peer)
-            self.close_reason = "keep-alive timeout"
-            self.conn.send_disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT)
+    def deadline_passed(self) -> None:
+        """The timer wheel says: no CONNECT in time, or silent for 1.5 x the Keep Alive."""
+        if self.closing:
+            return
+        if not self.keep_alive_limit:
+            log.info("no CONNECT in time peer=%s", self.peer)
             self.close()
             return
-        self._timer = loop.call_later(self._keep_alive - idle, self._check_keep_alive)
+        log.info("keep alive timeout client_id=%s peer=%s", self.client_id, self.peer)
+        self.close_reason = "keep-alive timeout"
+        self.conn.send_disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT)
+        self.close()
 
     # ------------------------------------------------------------------ inbound flow control
 
@@ -309,7 +297,7 @@ class ClientProtocol(asyncio.Protocol):
         if self.gone:
             return
         now = self.broker.loop.time()
-        self._last_read = now  # we held the client back; it was not idle
+        self.last_read = now  # we held the client back; it was not idle
         waiting, self._waiting = self._waiting, []
         if not self._dispatch(waiting, now, fresh=False):
             self._schedule_next_turn()  # read data not parsed yet goes first
