@@ -93,6 +93,8 @@ def report(args: argparse.Namespace, types0: Counter[str],
         print(out.getvalue())
         return
     assert snap0 is not None
+    grown = type_counts()  # before the snapshot, whose records are objects too
+    grown.subtract(types0)
     snap1 = tracemalloc.take_snapshot()
     tracemalloc.stop()
     diff = snap1.compare_to(snap0, args.group)
@@ -106,8 +108,6 @@ def report(args: argparse.Namespace, types0: Counter[str],
             line = f":{where.lineno}" if args.group == "lineno" else ""
             print(f"  {d.size_diff / n:7,.0f} B  {short(where.filename)}{line}")
     print("\nobjects per connection, by type (gc-tracked only):")
-    grown = type_counts()
-    grown.subtract(types0)
     for name, count in grown.most_common(args.top):
         if count / n >= 0.5:
             print(f"  {count / n:5.2f}  {name}")

@@ -48,6 +48,9 @@ WRITE_HIGH_WATER = 512 * 1024
 WRITE_LOW_WATER = 128 * 1024
 WRITE_HARD_LIMIT = 4 * WRITE_HIGH_WATER  # beyond it, stop reading a client that does not read
 TURN_PACKETS = 1000  # packets parsed per connection per loop turn, so no client hogs the loop
+# Shared by every connection whose reading was never paused (most): never modified, as
+# ``_pause_reading`` gives a connection a set of its own first (216 bytes saved per client).
+_NOT_PAUSED: set[str] = set()
 
 
 class ClientProtocol(asyncio.Protocol):
@@ -76,7 +79,7 @@ class ClientProtocol(asyncio.Protocol):
         self.held: list[Packet] | None = None  # packets waiting for CONNECT authentication
         self.throttle: ClientThrottle | None = None  # inbound rate limits, from CONNACK on
         self._write_paused = False
-        self._read_pauses: set[str] = set()  # why reading is paused by flow control
+        self._read_pauses = _NOT_PAUSED  # why reading is paused by flow control
         self._waiting: list[Packet] = []  # packets held back by the throttle
         self._resume_handle: asyncio.TimerHandle | None = None
         self.identity: str | None = None  # user name the transport proved (mTLS certificate CN)
@@ -92,8 +95,9 @@ class ClientProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = stream = stream_transport(transport)
         stream.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if self.peer == "?":  # (the listener's gate tells it when it knows it already)
+            peer = transport.get_extra_info("peername")
+            self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.broker.clients.add(self)
         for reason in self.broker.input_pauses:
             self._pause_reading(reason)
@@ -379,6 +383,8 @@ class ClientProtocol(asyncio.Protocol):
             return  # the socket lingers (linger.py): it must keep reading to drop the input
         if not self._read_pauses and transport is not None and not transport.is_closing():
             transport.pause_reading()
+        if self._read_pauses is _NOT_PAUSED:
+            self._read_pauses = set()
         self._read_pauses.add(reason)
 
     def _resume_reading(self, reason: str) -> None:

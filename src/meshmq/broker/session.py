@@ -55,6 +55,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshmq.session")
 
+# Shared stand-ins for per-session containers most sessions never fill (an idle connection's
+# memory, docs/benchmarks.md "Connection storms"): replaced by a container of the session's
+# own on first use (``_enqueue``, ``note_qos2``), never modified themselves.
+NO_QUEUE: deque[Any] = deque(maxlen=0)  # maxlen 0: an append by mistake would drop, not leak
+NO_IDS: set[int] = set()  # discarding from it is harmless; adding goes through note_qos2
+
 
 class ClientLink(Protocol):
     """What a session needs from the I/O layer of the connection it is attached to."""
@@ -160,10 +166,12 @@ class Session:
         self.expiry_interval = 0
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight: dict[int, Outbound] = {}
-        self.queue: deque[QueueEntry] = deque()
+        self.queue: deque[QueueEntry] = NO_QUEUE  # a deque of its own from the first entry
         self.queued_bytes = 0
-        self.qos2_in: set[int] = set()
-        self.qos2_pending: set[int] = set()  # QoS 2 ids whose log append is not durable yet
+        # Shared empty sets until the first QoS 2 PUBLISH (``note_qos2``): most sessions never
+        # see one, and an empty set costs 216 bytes (docs/benchmarks.md, connection storms).
+        self.qos2_in: set[int] = NO_IDS
+        self.qos2_pending: set[int] = NO_IDS  # QoS 2 ids whose log append is not durable yet
         self.dropped = 0
         self.slots_freed = False  # on_puback freed a slot since the last refill()
         self.will: Will | None = None
@@ -178,6 +186,30 @@ class Session:
         self.detached_at: int | None = None  # wall clock ms when it went offline
         self.retained_window: RetainedWindow | None = None  # retained lookups in progress
         self.connecting = False  # a connection is being accepted for it: QoS 0 waits too
+
+    # ------------------------------------------------------------------ inbound QoS 2
+
+    def note_qos2(self, packet_id: int, pending: bool = False) -> None:
+        """Remember an inbound QoS 2 packet id until its PUBREL (``pending``: its log append
+        is not durable yet, ``qos2_durable`` says when it is)."""
+        if self.qos2_in is NO_IDS:
+            self.qos2_in = set()
+        self.qos2_in.add(packet_id)
+        if pending:
+            if self.qos2_pending is NO_IDS:
+                self.qos2_pending = set()
+            self.qos2_pending.add(packet_id)
+
+    def qos2_durable(self, packet_id: int | None) -> None:
+        if packet_id is not None:
+            self.qos2_pending.discard(packet_id)
+
+    def release_qos2(self, packet_id: int | None) -> bool:
+        """Forget an inbound QoS 2 packet id (PUBREL, or its PUBLISH failed); True if known."""
+        if packet_id is None or packet_id not in self.qos2_in:
+            return False
+        self.qos2_in.discard(packet_id)
+        return True
 
     # ------------------------------------------------------------------ delivery
 
@@ -325,6 +357,8 @@ class Session:
                 return
             self.queued_bytes -= queue.popleft().message.size
             self._count_drop("queue full, oldest message dropped")
+        if queue is NO_QUEUE:
+            queue = self.queue = deque()
         queue.append(entry)
         self.queued_bytes += size
 
@@ -583,7 +617,7 @@ class Session:
         self._next_packet_id = live.next_packet_id
         self.dropped = live.dropped
         self.inflight = dict(live.inflight)
-        self.queue = deque(live.queue)
+        self.queue = deque(live.queue) if live.queue else NO_QUEUE
         self.queued_bytes = sum(entry.message.size for entry in self.queue)
         catchup = live.catchup
         if catchup is not None and self.persistence is not None:
