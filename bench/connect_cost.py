@@ -2,7 +2,9 @@
 
 Usage::
 
-    .venv/bin/python bench/connect_cost.py [--conns 5000] [--profile] [--protocol 4|5]
+    .venv/bin/python bench/connect_cost.py [--conns 5000] [--protocol 4|5] [--group lineno]
+    .venv/bin/python bench/connect_cost.py --profile    # cProfile of the connect phase
+    .venv/bin/python bench/connect_cost.py --cpu [--floor]  # CPU per connection (and a floor)
 
 Runs a single-process meshmq in this process (uvloop, default configuration apart from
 ``limits.connect_rate = 0`` and the log off) and drives the compiled load generator
@@ -13,7 +15,10 @@ is grouped by the source file (or line) that allocated it, and objects are count
 see (libuv's handles and buffers allocated with plain ``malloc``, allocator slack); kernel
 socket buffers are not in RSS at all. With ``--profile`` the connect
 phase runs under cProfile instead (tracemalloc off, so it does not distort the timings) and the
-functions with the most own time are listed. docs/benchmarks.md shows the output and reads it.
+functions with the most own time are listed. With ``--cpu`` only this process's CPU time per
+connection is printed, and ``--floor`` measures a bare uvloop server instead of meshmq (accept,
+read, write a CONNACK): the part of a connection's cost that no change to meshmq can remove.
+docs/benchmarks.md shows the output and reads it.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import io
 import pstats
 import resource
 import tempfile
+import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 from meshbench.build import build_loadgen
 
@@ -50,16 +57,45 @@ async def until_line(stream: asyncio.StreamReader, wanted: str) -> None:
             return
 
 
-async def measure(args: argparse.Namespace) -> None:
+class Floor(asyncio.Protocol):
+    """The least an asyncio MQTT server does per connection: accept, read the CONNECT, write
+    a CONNACK, keep the socket. What uvloop and the kernel cost, with no broker at all."""
+
+    connack = b"\x20\x02\x00\x00"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(self.connack)  # type: ignore[attr-defined]
+
+
+async def start_server(args: argparse.Namespace) -> tuple[int, Callable[[], Awaitable[None]]]:
+    """(port, stop) of meshmq, or of the ``Floor`` server with ``--floor``."""
+    if args.floor:
+        if args.protocol == 5:
+            Floor.connack = b"\x20\x03\x00\x00\x00"
+        loop = asyncio.get_running_loop()
+        floor = await loop.create_server(Floor, "127.0.0.1", 0, backlog=4096)
+
+        async def stop_floor() -> None:
+            floor.close()
+
+        return floor.sockets[0].getsockname()[1], stop_floor
     data = tempfile.mkdtemp(prefix="meshmq-cost-")
     config = load_config(overrides={
         "server.bind": "127.0.0.1", "server.port": 0, "server.data_dir": data,
-        "server.log_level": "warning", "log.enabled": False, "limits.connect_rate": 0,
+        "server.log_level": "warning", "log.enabled": False,
     })
     server = BrokerServer(config)
     await server.start()
+    return server.port, server.stop
+
+
+async def measure(args: argparse.Namespace) -> None:
+    port, stop = await start_server(args)
     loadgen = await asyncio.create_subprocess_exec(
-        str(build_loadgen()), "--port", str(server.port), "--mode", "idle",
+        str(build_loadgen()), "--port", str(port), "--mode", "idle",
         "--protocol", str(args.protocol), "--conns", str(args.conns), "--concurrency", "64",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     assert loadgen.stdout is not None and loadgen.stdin is not None
@@ -69,17 +105,24 @@ async def measure(args: argparse.Namespace) -> None:
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:
         profiler.enable()
-    else:
+    elif not args.cpu:
         tracemalloc.start(1)
-    snap0 = None if profiler else tracemalloc.take_snapshot()
+    snap0 = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
+    cpu0, wall0 = time.process_time(), time.monotonic()
     await until_line(loadgen.stdout, "event ready")
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
     if profiler is not None:
         profiler.disable()
-    gc.collect()
-    report(args, types0, snap0, profiler)
+    if args.cpu:
+        print(f"{'floor (uvloop, no broker)' if args.floor else 'meshmq'}: {args.conns} connections"
+              f" in {wall:.2f} s, {1e6 * cpu / args.conns:.1f} us of CPU each"
+              f" ({args.conns / cpu:,.0f} per CPU-second)")
+    else:
+        gc.collect()
+        report(args, types0, snap0, profiler)
     loadgen.stdin.close()
     await loadgen.wait()
-    await server.stop()
+    await stop()
 
 
 def report(args: argparse.Namespace, types0: Counter[str],
@@ -125,6 +168,10 @@ def main() -> None:
     p.add_argument("--conns", type=int, default=5000)
     p.add_argument("--protocol", type=int, choices=(4, 5), default=4)
     p.add_argument("--profile", action="store_true", help="cProfile instead of tracemalloc")
+    p.add_argument("--cpu", action="store_true",
+                   help="only the CPU time per connection (no tracemalloc, no profiler)")
+    p.add_argument("--floor", action="store_true",
+                   help="a bare uvloop server that only answers CONNACK, instead of meshmq")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--group", choices=("filename", "lineno"), default="filename",
                    help="group the heap by file or by line")

@@ -28,6 +28,7 @@ import enum
 import functools
 import ipaddress
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from meshmq.networks import IPNetwork, parse_networks
 
@@ -105,8 +106,7 @@ class Ticket:
         admission._release(self._key, self.refusal)
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):  # (a tuple: one is made per accepted socket)
     verdict: Verdict
     why: str = ""
     ticket: Ticket | None = None

@@ -100,6 +100,8 @@ def _peer(transport: asyncio.BaseTransport) -> tuple[str, str]:
 class ListenerClientProtocol(ClientProtocol):
     """A broker connection that gives its admission ticket back when it is gone."""
 
+    __slots__ = ("ticket",)
+
     def __init__(self, broker: Broker, ticket: Ticket, identity: str | None,
                  peer: str) -> None:
         super().__init__(broker)

@@ -56,6 +56,30 @@ _NOT_PAUSED: set[str] = set()
 class ClientProtocol(asyncio.Protocol):
     """The I/O side of one client connection."""
 
+    __slots__ = (  # one per connection: no __dict__ (docs/benchmarks.md, connection storms)
+        "_dirty",
+        "_read_pauses",
+        "_resume_handle",
+        "_waiting",
+        "_write_paused",
+        "broker",
+        "client_id",
+        "close_reason",
+        "closing",
+        "conn",
+        "gone",
+        "held",
+        "identity",
+        "keep_alive_limit",
+        "last_read",
+        "log_positions",
+        "peer",
+        "rejected",
+        "session",
+        "throttle",
+        "transport",
+    )
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         mqtt = broker.config.mqtt
@@ -98,7 +122,7 @@ class ClientProtocol(asyncio.Protocol):
         if self.peer == "?":  # (the listener's gate tells it when it knows it already)
             peer = transport.get_extra_info("peername")
             self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.broker.clients.add(self)
+        self.broker.clients[self] = None
         for reason in self.broker.input_pauses:
             self._pause_reading(reason)
         self.broker.await_connect(self)  # mqtt.connect_timeout from now

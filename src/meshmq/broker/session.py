@@ -60,6 +60,8 @@ log = logging.getLogger("meshmq.session")
 # own on first use (``_enqueue``, ``note_qos2``), never modified themselves.
 NO_QUEUE: deque[Any] = deque(maxlen=0)  # maxlen 0: an append by mistake would drop, not leak
 NO_IDS: set[int] = set()  # discarding from it is harmless; adding goes through note_qos2
+NO_SUBSCRIPTIONS: dict[str, Any] = {}
+NO_INFLIGHT: dict[int, Any] = {}
 
 
 class ClientLink(Protocol):
@@ -164,8 +166,8 @@ class Session:
         self.limits = limits
         self.client: ClientLink | None = None
         self.expiry_interval = 0
-        self.subscriptions: dict[str, Subscription] = {}
-        self.inflight: dict[int, Outbound] = {}
+        self.subscriptions: dict[str, Subscription] = NO_SUBSCRIPTIONS  # add_subscription
+        self.inflight: dict[int, Outbound] = NO_INFLIGHT  # its own from the first QoS 1/2 out
         self.queue: deque[QueueEntry] = NO_QUEUE  # a deque of its own from the first entry
         self.queued_bytes = 0
         # Shared empty sets until the first QoS 2 PUBLISH (``note_qos2``): most sessions never
@@ -186,6 +188,14 @@ class Session:
         self.detached_at: int | None = None  # wall clock ms when it went offline
         self.retained_window: RetainedWindow | None = None  # retained lookups in progress
         self.connecting = False  # a connection is being accepted for it: QoS 0 waits too
+
+    def add_subscription(self, topic_filter: str, subscription: Subscription) -> bool:
+        """Add or replace the subscription to ``topic_filter``; True if it replaced one."""
+        if self.subscriptions is NO_SUBSCRIPTIONS:
+            self.subscriptions = {}
+        existed = topic_filter in self.subscriptions
+        self.subscriptions[topic_filter] = subscription
+        return existed
 
     # ------------------------------------------------------------------ inbound QoS 2
 
@@ -278,6 +288,8 @@ class Session:
         subscription_ids: list[int] | None, now: float, group: SharedKey | None, dup: bool,
     ) -> None:
         packet_id = self._allocate_packet_id()
+        if self.inflight is NO_INFLIGHT:
+            self.inflight = {}
         self.inflight[packet_id] = Outbound(message, qos, retain, subscription_ids, group)
         if not self._send(client, message, qos, retain, subscription_ids, packet_id, dup, now):
             del self.inflight[packet_id]  # too large for the client: behave as delivered

@@ -108,6 +108,8 @@ UNLIMITED = 268_435_460
 # Shared by every connection that has had no QoS 2 PUBLISH yet (most never do): an empty set
 # per connection is 216 bytes. Never modified: ``_add_qos2`` gives a connection its own first.
 _NO_IDS: set[int] = set()
+_NO_TOPICS: dict[bytes, str] = {}
+_NO_ALIASES: dict[int, str] = {}
 
 
 class ServerConnection:
@@ -116,6 +118,7 @@ class ServerConnection:
     __slots__ = (
         "_aliases_in",
         "_buffer",
+        "_connect_expiry",
         "_events",
         "_more",
         "_need",
@@ -167,7 +170,8 @@ class ServerConnection:
         self.max_qos = max_qos
         self.retain_available = retain_available
         self.max_events = max_events  # packets parsed per receive_data() call; 0 = all
-        self.connect: Connect | None = None
+        self.connect: Connect | None = None  # until CONNACK, which keeps only what it needs:
+        self._connect_expiry = 0  # the CONNECT's Session Expiry Interval (MQTT-3.14.2-2)
         self.error: RemoteProtocolError | None = None
         self.local_close: str | None = None  # why we closed, when the peer did nothing wrong
         self.client_max_packet_size = UNLIMITED
@@ -186,8 +190,11 @@ class ServerConnection:
         # Bytes queued by ``send_frame`` and not yet taken by ``data_to_send`` (read it, never
         # set it): a plain attribute rather than a property, as it is read per delivery.
         self.pending_output = 0
-        self._topics: dict[bytes, str] = {}  # raw topic -> topic name that passed every check
-        self._aliases_in: dict[int, str] = {}
+        # raw topic -> topic name that passed every check; the inbound topic aliases. Shared
+        # empty dicts until the first entry (``_remember_topic``, ``_resolve_alias``): an idle
+        # connection never fills them.
+        self._topics: dict[bytes, str] = _NO_TOPICS
+        self._aliases_in: dict[int, str] = _NO_ALIASES
         self._qos1_in = 0
         self._qos2_in: set[int] = _NO_IDS  # its own set from the first QoS 2 PUBLISH on
 
@@ -430,6 +437,8 @@ class ServerConnection:
         UTF-8 decoding round-trips, so the encoded name is the raw topic field)."""
         topics = self._topics
         raw = topic.encode("utf-8")
+        if topics is _NO_TOPICS:
+            topics = self._topics = {}
         if raw not in topics:
             if len(topics) >= TOPIC_CACHE_SIZE:
                 topics.clear()  # wholesale: no LRU bookkeeping per packet
@@ -450,6 +459,8 @@ class ServerConnection:
                 ReasonCode.TOPIC_ALIAS_INVALID,
             )  # MQTT-3.3.2-9
         if packet.topic:
+            if self._aliases_in is _NO_ALIASES:
+                self._aliases_in = {}
             self._aliases_in[alias] = packet.topic
             return
         topic = self._aliases_in.get(alias)
@@ -459,12 +470,12 @@ class ServerConnection:
 
     def _on_disconnect(self, packet: Disconnect) -> None:
         requested = get_property(packet.properties, PropertyId.SESSION_EXPIRY_INTERVAL)
-        if requested and self.connect is not None:
-            original = get_property(
-                self.connect.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0)
-            if not original:
-                # MQTT-3.14.2-2
-                raise RemoteProtocolError("session expiry set on DISCONNECT after 0")
+        connect = self.connect  # (still here when the DISCONNECT came before our CONNACK)
+        original = self._connect_expiry if connect is None else get_property(
+            connect.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+        if requested and not original:
+            # MQTT-3.14.2-2
+            raise RemoteProtocolError("session expiry set on DISCONNECT after 0")
         self.state = CLOSED
 
     def _fail(self, exc: RemoteProtocolError) -> None:
@@ -545,6 +556,11 @@ class ServerConnection:
             self.state = CLOSED
         else:
             self.state = CONNECTED
+            connect = self.connect
+            if connect is not None:  # an idle connection need not hold its CONNECT packet
+                self._connect_expiry = get_property(
+                    connect.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+                self.connect = None
             # MQTT-3.1.2-26, -27: never above the client's maximum, none if it sent 0
             maximum = min(self.outgoing_alias_maximum, self.client_topic_alias_maximum)
             self.outgoing_alias_maximum = maximum
