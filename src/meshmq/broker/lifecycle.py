@@ -24,6 +24,7 @@ stand-in goes) and arrive from one (``adopt_sessions``). Both ends speak ``Sessi
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -66,7 +67,8 @@ class Lifecycle:
         return session
 
     def set_user(self, session: Session, username: str | None) -> None:
-        session.username = username
+        # Interned: a fleet shares a few user names, and each session would keep its own copy.
+        session.username = None if username is None else sys.intern(username)
         acl = self.broker.acl
         if acl is not None:
             session.may_receive = partial(acl.can_receive, username, session.client_id)

@@ -257,6 +257,10 @@ class Listener:
         ticket = decision.ticket
         assert ticket is not None
         spec = self.spec
+        if not spec.tls and spec.path is None:  # plain MQTT, the common case: no layers
+            if decision.verdict is Verdict.OVER_LIMIT:
+                return Refuser(self, ticket)
+            return ListenerClientProtocol(self.broker, ticket, None, peer)
 
         def mqtt(identity: str | None) -> asyncio.Protocol:
             if decision.verdict is Verdict.OVER_LIMIT:
