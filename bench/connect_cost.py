@@ -86,6 +86,7 @@ async def start_server(args: argparse.Namespace) -> tuple[int, Callable[[], Awai
     config = load_config(overrides={
         "server.bind": "127.0.0.1", "server.port": 0, "server.data_dir": data,
         "server.log_level": "warning", "log.enabled": False,
+        "limits.connect_burst": 20_000,  # the default since issue 13, set for older trees
     })
     server = BrokerServer(config)
     await server.start()
