@@ -31,10 +31,20 @@
  *               delivery inside the window records (receive time - send time).
  *   idle        --conns clients connect (--concurrency at a time) and stay idle until stdin
  *               reaches EOF, so the harness can measure the broker's memory meanwhile.
+ *   storm       latency mode's paced stream (--pubs publishers, --subs subscribers) runs
+ *               through --warmup s of calm; then --conns idle clients connect (--concurrency
+ *               handshakes at a time) while the stream goes on. The measured window is the
+ *               storm, from the first connect() to the last CONNACK: the stream's latency in
+ *               it (and in the calm warm-up, "calm_*") says whether established connections
+ *               were stalled by the newcomers.
  *
- * Output, one line each on stdout, flushed: "event ready", "event window-start",
- * "event window-end" (the harness samples the broker's CPU and memory at those moments), then
- * "result {json}". Fatal problems: "error <text>" on stdout and a non-zero exit.
+ * Connections: plain TCP, or TLS 1.3 with --tls (full handshakes: no session resumption, the
+ * server's certificate is not verified); CONNECT carries --username/--password when given.
+ *
+ * Output, one line each on stdout, flushed: "event connecting" (idle mode, before the first
+ * connect), "event ready", "event window-start", "event window-end" (the harness samples the
+ * broker's CPU and memory at those moments), then "result {json}". Fatal problems:
+ * "error <text>" on stdout and a non-zero exit.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -43,6 +53,8 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -61,10 +73,10 @@
 #define OUT_CHUNK (64 * 1024) /* bytes of new publishes encoded per refill */
 #define MAX_EVENTS 1024
 
-enum mode { MODE_THROUGHPUT, MODE_LATENCY, MODE_IDLE };
+enum mode { MODE_THROUGHPUT, MODE_LATENCY, MODE_IDLE, MODE_STORM };
 enum topology { TOPO_FANIN, TOPO_FANOUT, TOPO_PAIRS };
 enum role { ROLE_PUB, ROLE_SUB, ROLE_STALLED, ROLE_IDLE };
-enum state { ST_NEW, ST_CONNECTING, ST_WAIT_CONNACK, ST_WAIT_SUBACK, ST_READY, ST_CLOSED };
+enum state { ST_NEW, ST_CONNECTING, ST_TLS, ST_WAIT_CONNACK, ST_WAIT_SUBACK, ST_READY, ST_CLOSED };
 
 struct buf {
     unsigned char *data;
@@ -77,6 +89,8 @@ struct conn {
     enum role role;
     enum state state;
     uint32_t events; /* epoll interest currently registered */
+    SSL *ssl;        /* --tls */
+    int tls_want;    /* the handshake waits for EPOLLIN or EPOLLOUT */
     struct buf out;
     unsigned char *partial; /* bytes of an incomplete packet from the last read */
     size_t plen, pcap;
@@ -99,18 +113,22 @@ struct options {
     enum topology topology;
     int pubs, subs, stalled, conns, concurrency, qos, size, protocol, window, lead;
     double warmup, duration, drain, rate, setup_timeout;
-    const char *prefix;
+    const char *prefix, *username, *password;
+    int tls;
 };
 
 static struct options opt = {
     .port = 0, .mode = MODE_THROUGHPUT, .topology = TOPO_FANIN, .pubs = 1, .subs = 1,
     .stalled = 0, .conns = 0, .concurrency = 64, .qos = 0, .size = 64, .protocol = 4,
     .window = 1024, .lead = 1000, .warmup = 1.0, .duration = 5.0, .drain = 10.0, .rate = 10000.0,
-    .setup_timeout = 120.0, .prefix = "bench",
+    .setup_timeout = 120.0, .prefix = "bench", .username = NULL, .password = NULL, .tls = 0,
 };
 
 static struct conn *conns;
 static int nconns, npubs, nsubs; /* publishers are conns[0..npubs), then subscribers */
+static int nstream;              /* connections opened at set-up (storm: the rest come later) */
+static int n_idle_ready;         /* idle clients that got their CONNACK */
+static SSL_CTX *ssl_ctx;         /* --tls */
 static int epfd;
 static unsigned char rbuf[RBUF_SIZE];
 static int publishing;
@@ -119,9 +137,13 @@ static uint64_t reliefs;       /* times publishers stopped waiting for lost mess
 static uint64_t progress_count; /* PUBLISH and PUBACK packets received, all connections */
 static uint64_t unexpected_closes, refused_connacks, refused_subacks;
 static int n_ready, n_closed; /* connections that reached ST_READY / ST_CLOSED */
-static uint64_t *lat_ns;
-static size_t lat_len, lat_cap;
+struct samples {
+    uint64_t *ns;
+    size_t len, cap;
+};
+static struct samples lat, calm; /* latencies in the window; storm: also in the calm warm-up */
 static int recording;          /* inside the measured window */
+static int recording_calm;     /* storm: inside the warm-up */
 static char first_error[256];
 
 /* ------------------------------------------------------------------ small helpers */
@@ -241,18 +263,23 @@ static int sub_hears(int sub, int pub) {
 /* ------------------------------------------------------------------ packets */
 
 static void encode_connect(struct conn *c, struct buf *out) {
-    unsigned char body[128], pkt[160];
+    unsigned char body[640], pkt[672];
     char client_id[64];
     static const char *names[] = {"p", "s", "x", "i"};
     snprintf(client_id, sizeof client_id, "lg%d-%s%d", (int)getpid(), names[c->role], c->index);
     size_t n = put_str(body, "MQTT");
     body[n++] = (unsigned char)opt.protocol;
-    body[n++] = 0x02; /* clean session / clean start */
+    /* clean session / clean start, and the user name and password flags when given */
+    body[n++] = 0x02 | (opt.username ? 0x80 : 0) | (opt.password ? 0x40 : 0);
     body[n++] = 0x02; /* keep alive 600 s: idle clients must not need PINGREQ during a run */
     body[n++] = 0x58;
     if (opt.protocol == 5)
         body[n++] = 0; /* no properties: Receive Maximum defaults to 65535 */
     n += put_str(body + n, client_id);
+    if (opt.username)
+        n += put_str(body + n, opt.username);
+    if (opt.password)
+        n += put_str(body + n, opt.password);
     buf_put(out, pkt, frame(pkt, 0x10, body, n));
 }
 
@@ -294,6 +321,48 @@ static void build_publish_template(struct conn *c) {
     free(body);
 }
 
+/* ------------------------------------------------------------------ socket or TLS I/O */
+
+/* read()/write() on the socket, or SSL_read()/SSL_write() with --tls: -1 with errno EAGAIN
+ * when the call must wait, 0 at the end of the stream, -1 with another errno on failure. */
+static ssize_t io_read(struct conn *c, void *data, size_t n) {
+    if (c->ssl == NULL)
+        return read(c->fd, data, n);
+    int got = SSL_read(c->ssl, data, n > INT32_MAX ? INT32_MAX : (int)n);
+    if (got > 0)
+        return got;
+    int err = SSL_get_error(c->ssl, got);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        errno = EAGAIN;
+        return -1;
+    }
+    if (err == SSL_ERROR_ZERO_RETURN)
+        return 0;
+    errno = EIO;
+    return -1;
+}
+
+static ssize_t io_write(struct conn *c, const void *data, size_t n) {
+    if (c->ssl == NULL)
+        return write(c->fd, data, n);
+    int put = SSL_write(c->ssl, data, n > INT32_MAX ? INT32_MAX : (int)n);
+    if (put > 0)
+        return put;
+    int err = SSL_get_error(c->ssl, put);
+    errno = err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE ? EAGAIN : EIO;
+    return -1;
+}
+
+static void tls_init(void) {
+    ssl_ctx = SSL_CTX_new(TLS_client_method());
+    if (ssl_ctx == NULL)
+        die("SSL_CTX_new failed");
+    SSL_CTX_set_min_proto_version(ssl_ctx, TLS1_3_VERSION);
+    SSL_CTX_set_verify(ssl_ctx, SSL_VERIFY_NONE, NULL); /* a benchmark's self-signed cert */
+    SSL_CTX_set_session_cache_mode(ssl_ctx, SSL_SESS_CACHE_OFF); /* every handshake is full */
+    SSL_CTX_set_mode(ssl_ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+}
+
 /* ------------------------------------------------------------------ epoll plumbing */
 
 static void set_interest(struct conn *c, uint32_t events) {
@@ -306,7 +375,7 @@ static void set_interest(struct conn *c, uint32_t events) {
     c->events = events;
 }
 
-static int paced(void) { return opt.mode == MODE_LATENCY; }
+static int paced(void) { return opt.mode == MODE_LATENCY || opt.mode == MODE_STORM; }
 
 static int window_open(const struct conn *c) { return opt.qos == 0 || c->inflight < c->window; }
 
@@ -315,6 +384,10 @@ static void update_interest(struct conn *c) {
         return;
     if (c->role == ROLE_STALLED && c->state == ST_READY) {
         set_interest(c, 0); /* never read again: the broker's buffers for it fill up */
+        return;
+    }
+    if (c->state == ST_TLS) {
+        set_interest(c, c->tls_want);
         return;
     }
     uint32_t ev = EPOLLIN;
@@ -335,9 +408,16 @@ static void close_conn(struct conn *c, int expected) {
         note_error("connection %c%d closed by the broker", "psxi"[c->role], c->index);
     }
     set_interest(c, 0);
+    if (c->ssl != NULL) {
+        SSL_free(c->ssl);
+        c->ssl = NULL;
+    }
     close(c->fd);
-    if (c->state == ST_READY)
+    if (c->state == ST_READY) {
         n_ready--;
+        if (c->role == ROLE_IDLE)
+            n_idle_ready--;
+    }
     n_closed++;
     c->state = ST_CLOSED;
 }
@@ -457,7 +537,7 @@ static void flush_out(struct conn *c) {
             if (b->len == 0)
                 break;
         }
-        ssize_t n = write(c->fd, b->data + b->off, b->len - b->off);
+        ssize_t n = io_write(c, b->data + b->off, b->len - b->off);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 break;
@@ -523,14 +603,15 @@ static void on_publish(struct conn *c, unsigned char flags, const unsigned char 
         c->gaps += seq - *next;
     *next = seq + 1;
     c->received_valid++;
-    if (recording && opt.mode == MODE_LATENCY) {
-        if (lat_len == lat_cap) {
-            lat_cap = lat_cap ? lat_cap * 2 : 65536;
-            lat_ns = realloc(lat_ns, lat_cap * sizeof *lat_ns);
-            if (!lat_ns)
+    if (paced() && (recording || recording_calm)) {
+        struct samples *s = recording ? &lat : &calm;
+        if (s->len == s->cap) {
+            s->cap = s->cap ? s->cap * 2 : 65536;
+            s->ns = realloc(s->ns, s->cap * sizeof *s->ns);
+            if (!s->ns)
                 die("out of memory");
         }
-        lat_ns[lat_len++] = now_ns() - sent;
+        s->ns[s->len++] = now_ns() - sent;
     }
 }
 
@@ -585,6 +666,8 @@ static void on_packet(struct conn *c, unsigned char first, const unsigned char *
         } else {
             c->state = ST_READY;
             n_ready++;
+            if (c->role == ROLE_IDLE)
+                n_idle_ready++;
         }
         return;
     case 9: { /* SUBACK */
@@ -623,11 +706,18 @@ static void on_packet(struct conn *c, unsigned char first, const unsigned char *
     }
 }
 
+static void tls_handshake(struct conn *c);
+
 static void on_readable(struct conn *c) {
+    if (c->state == ST_TLS) {
+        tls_handshake(c);
+        if (c->state == ST_TLS || c->state == ST_CLOSED)
+            return;
+    }
     size_t have = c->plen;
     if (have)
         memcpy(rbuf, c->partial, have);
-    ssize_t n = read(c->fd, rbuf + have, RBUF_SIZE - have);
+    ssize_t n = io_read(c, rbuf + have, RBUF_SIZE - have);
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR)
             return;
@@ -668,6 +758,29 @@ static void on_readable(struct conn *c) {
     c->plen = left;
     if (c->state != ST_CLOSED)
         flush_out(c); /* PUBACKs, SUBSCRIBE, or publishes the window now allows */
+    if (c->state != ST_CLOSED && c->ssl != NULL && SSL_pending(c->ssl) > 0)
+        on_readable(c); /* decrypted bytes epoll cannot tell us about */
+}
+
+/* Advance the TLS handshake; once done, the CONNECT goes out. */
+static void tls_handshake(struct conn *c) {
+    ERR_clear_error();
+    int rc = SSL_do_handshake(c->ssl);
+    if (rc == 1) {
+        c->state = ST_WAIT_CONNACK;
+        flush_out(c);
+        return;
+    }
+    int err = SSL_get_error(c->ssl, rc);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        c->tls_want = err == SSL_ERROR_WANT_READ ? EPOLLIN : EPOLLOUT;
+        update_interest(c);
+        return;
+    }
+    char text[160];
+    ERR_error_string_n(ERR_get_error(), text, sizeof text);
+    note_error("TLS handshake failed: %s", text);
+    close_conn(c, 0);
 }
 
 static void on_writable(struct conn *c) {
@@ -680,7 +793,19 @@ static void on_writable(struct conn *c) {
             close_conn(c, 0);
             return;
         }
-        c->state = ST_WAIT_CONNACK;
+        if (opt.tls) {
+            c->ssl = SSL_new(ssl_ctx);
+            if (c->ssl == NULL || SSL_set_fd(c->ssl, c->fd) != 1)
+                die("SSL_new failed");
+            SSL_set_connect_state(c->ssl);
+            c->state = ST_TLS;
+        } else {
+            c->state = ST_WAIT_CONNACK;
+        }
+    }
+    if (c->state == ST_TLS) {
+        tls_handshake(c);
+        return;
     }
     flush_out(c);
 }
@@ -710,26 +835,41 @@ static void poll_once(double timeout_s) {
     }
 }
 
-/* Open every connection, ``concurrency`` handshakes at a time; return seconds taken. */
-static double connect_all(void) {
+/* Open the first ``count`` connections, ``concurrency`` handshakes at a time; return the
+ * seconds taken. */
+static double connect_all(int count) {
     double t0 = now_s(), deadline = t0 + opt.setup_timeout;
     int started = 0;
     for (;;) {
         int ready = n_ready, failed = n_closed, pending = started - ready - failed;
         if (failed)
-            die("%d of %d connections failed during set-up: %s", failed, nconns, first_error);
-        while (started < nconns && pending < opt.concurrency) {
+            die("%d of %d connections failed during set-up: %s", failed, count, first_error);
+        while (started < count && pending < opt.concurrency) {
             if (open_socket(&conns[started]) < 0)
                 die("cannot open connection %d: %s", started, first_error);
             started++;
             pending++;
         }
-        if (ready == nconns)
+        if (ready == count)
             return now_s() - t0;
         if (now_s() > deadline)
-            die("set-up timed out: %d of %d connections ready", ready, nconns);
+            die("set-up timed out: %d of %d connections ready", ready, count);
         poll_once(0.05);
     }
+}
+
+/* Storm: open more idle clients (conns[nstream..]) while fewer than ``concurrency`` are
+ * between connect() and CONNACK; return how many have been started. */
+static int storm_step(int started) {
+    int storm = nconns - nstream;
+    int pending = started - n_idle_ready - n_closed;
+    while (started < storm && pending < opt.concurrency) {
+        if (open_socket(&conns[nstream + started]) < 0)
+            die("cannot open storm connection %d: %s", started, first_error);
+        started++;
+        pending++;
+    }
+    return started;
 }
 
 struct snapshot {
@@ -749,7 +889,7 @@ static struct snapshot take_snapshot(void) {
     struct snapshot s = {.t = now_s(), .cpu = cpu_seconds()};
     for (int i = 0; i < npubs; i++)
         s.generated += conns[i].generated;
-    for (int i = npubs; i < nconns; i++)
+    for (int i = npubs; i < nstream; i++)
         if (conns[i].role == ROLE_SUB)
             s.delivered += conns[i].received;
     return s;
@@ -796,11 +936,11 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static double percentile_us(double q) {
-    if (lat_len == 0)
+static double percentile_us(const struct samples *s, double q) {
+    if (s->len == 0)
         return -1;
-    size_t k = (size_t)(q * (double)(lat_len - 1) + 0.5);
-    return (double)lat_ns[k] / 1000.0;
+    size_t k = (size_t)(q * (double)(s->len - 1) + 0.5);
+    return (double)s->ns[k] / 1000.0;
 }
 
 /* Did the broker close this connection (we stopped reading it, so only TCP state tells)? */
@@ -815,9 +955,12 @@ static int peer_closed(const struct conn *c) {
 }
 
 static int run_traffic(void) {
-    double setup = connect_all();
+    double setup = connect_all(nstream);
+    int storm = opt.mode == MODE_STORM, storm_started = 0;
+    double storm_t0 = 0, storm_s = 0;
     event("ready");
     publishing = 1;
+    recording_calm = storm;
     t_start = now_s();
     double t_window = t_start + opt.warmup, t_end = t_window + opt.duration;
     for (int i = 0; i < npubs; i++)
@@ -831,9 +974,25 @@ static int run_traffic(void) {
         double t = now_s();
         if (phase == 0 && t >= t_window) {
             s0 = take_snapshot();
+            recording_calm = 0;
             recording = 1;
             phase = 1;
             event("window-start");
+            storm_t0 = now_s();
+        }
+        if (phase == 1 && storm) { /* the window is the storm: it ends with the last CONNACK */
+            storm_started = storm_step(storm_started);
+            if (n_closed)
+                die("%d storm connections failed: %s", n_closed, first_error);
+            if (n_idle_ready == nconns - nstream) {
+                storm_s = now_s() - storm_t0;
+                t_end = t;
+            } else if (t - storm_t0 > opt.setup_timeout) {
+                die("storm timed out: %d of %d connections ready", n_idle_ready,
+                    nconns - nstream);
+            } else {
+                t_end = t + 1.0;
+            }
         }
         if (phase == 1 && t >= t_end) {
             s1 = take_snapshot();
@@ -872,7 +1031,7 @@ static int run_traffic(void) {
                 if (conns[i].state == ST_READY && (paced() || conns[i].lead_blocked))
                     flush_out(&conns[i]);
         }
-        double timeout = 0.02;
+        double timeout = storm && phase == 1 ? 0.005 : 0.02;
         if (phase < 2) /* wake up for the window's edges */
             timeout = fmin(timeout, (phase == 0 ? t_window : t_end) - t);
         if (paced() && publishing) /* and when the next message is due */
@@ -893,7 +1052,7 @@ static int run_traffic(void) {
     }
     uint64_t expected = 0, received = 0, valid = 0, dups = 0, foreign = 0, missing = 0;
     uint64_t stalled_received = 0, stalled_dropped = 0;
-    for (int i = npubs; i < nconns; i++) {
+    for (int i = npubs; i < nstream; i++) {
         struct conn *c = &conns[i];
         if (c->role == ROLE_STALLED) {
             stalled_received += c->received;
@@ -915,8 +1074,12 @@ static int run_traffic(void) {
     int ok = unexpected_closes == 0 && refused_subacks == 0 && foreign == 0;
     if (opt.qos)
         ok = ok && missing == 0 && refused == 0 && unacked == 0;
-    if (opt.mode == MODE_LATENCY)
-        qsort(lat_ns, lat_len, sizeof *lat_ns, cmp_u64);
+    if (paced()) {
+        qsort(lat.ns, lat.len, sizeof *lat.ns, cmp_u64);
+        qsort(calm.ns, calm.len, sizeof *calm.ns, cmp_u64);
+    }
+    if (storm)
+        ok = ok && refused_connacks == 0 && n_idle_ready == nconns - nstream;
 
     printf("result {\"ok\": %s, \"setup_s\": %.3f, \"window_s\": %.4f, \"drain_s\": %.3f, "
            "\"published\": %llu, \"published_window\": %llu, \"delivered_window\": %llu, "
@@ -926,7 +1089,10 @@ static int run_traffic(void) {
            "\"stalled_received\": %llu, \"stalled_disconnected\": %llu, \"unexpected_closes\": %llu, \"lead_reliefs\": %llu, "
            "\"loadgen_cpu_s\": %.3f, \"loadgen_cpu_pct\": %.1f, "
            "\"latency_samples\": %zu, \"p50_us\": %.1f, \"p99_us\": %.1f, \"p999_us\": %.1f, "
-           "\"max_us\": %.1f, \"error\": \"%s\"}\n",
+           "\"max_us\": %.1f, \"calm_samples\": %zu, \"calm_p50_us\": %.1f, "
+           "\"calm_p99_us\": %.1f, \"calm_max_us\": %.1f, \"storm_conns\": %d, "
+           "\"storm_ready\": %d, \"storm_s\": %.3f, \"storm_rate\": %.1f, "
+           "\"error\": \"%s\"}\n",
            ok ? "true" : "false", setup, window, drain_s, (unsigned long long)generated,
            (unsigned long long)(s1.generated - s0.generated),
            (unsigned long long)(s1.delivered - s0.delivered),
@@ -938,15 +1104,19 @@ static int run_traffic(void) {
            (unsigned long long)unacked, (unsigned long long)stalled_received,
            (unsigned long long)stalled_dropped,
            (unsigned long long)unexpected_closes, (unsigned long long)reliefs, lg_cpu,
-           window > 0 ? 100.0 * lg_cpu / window : 0.0, lat_len, percentile_us(0.50),
-           percentile_us(0.99), percentile_us(0.999), percentile_us(1.0), first_error);
+           window > 0 ? 100.0 * lg_cpu / window : 0.0, lat.len, percentile_us(&lat, 0.50),
+           percentile_us(&lat, 0.99), percentile_us(&lat, 0.999), percentile_us(&lat, 1.0),
+           calm.len, percentile_us(&calm, 0.50), percentile_us(&calm, 0.99),
+           percentile_us(&calm, 1.0), nconns - nstream, n_idle_ready, storm_s,
+           storm_s > 0 ? (nconns - nstream) / storm_s : 0.0, first_error);
     fflush(stdout);
     return ok ? 0 : 3;
 }
 
 static int run_idle(void) {
+    event("connecting");
     double cpu0 = cpu_seconds();
-    double setup = connect_all();
+    double setup = connect_all(nconns);
     double cpu = cpu_seconds() - cpu0;
     printf("event ready {\"connections\": %d, \"connect_s\": %.3f, \"connect_rate\": %.1f, "
            "\"loadgen_cpu_pct\": %.1f}\n",
@@ -988,11 +1158,11 @@ static int run_idle(void) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: loadgen --port N [--mode throughput|latency|idle]\n"
+            "usage: loadgen --port N [--mode throughput|latency|idle|storm]\n"
             "  [--topology fanin|fanout|pairs] [--pubs N] [--subs N] [--stalled N]\n"
             "  [--qos 0|1] [--size BYTES] [--protocol 4|5] [--window N] [--rate MSG/S]\n"
             "  [--warmup S] [--duration S] [--drain S] [--conns N] [--concurrency N]\n"
-            "  [--lead N] [--prefix TOPIC]\n");
+            "  [--lead N] [--prefix TOPIC] [--username U] [--password P] [--tls]\n");
     exit(2);
 }
 
@@ -1006,6 +1176,7 @@ static void parse_args(int argc, char **argv) {
         {"window", 1, 0, 'w'}, {"rate", 1, 0, 'r'}, {"warmup", 1, 0, 'W'},
         {"duration", 1, 0, 'd'}, {"drain", 1, 0, 'D'}, {"conns", 1, 0, 'c'},
         {"concurrency", 1, 0, 'C'}, {"lead", 1, 0, 'L'}, {"prefix", 1, 0, 'f'}, {"setup-timeout", 1, 0, 'T'},
+        {"username", 1, 0, 'u'}, {"password", 1, 0, 'k'}, {"tls", 0, 0, 'S'},
         {0, 0, 0, 0},
     };
     int ch;
@@ -1016,6 +1187,7 @@ static void parse_args(int argc, char **argv) {
             if (!strcmp(optarg, "throughput")) opt.mode = MODE_THROUGHPUT;
             else if (!strcmp(optarg, "latency")) opt.mode = MODE_LATENCY;
             else if (!strcmp(optarg, "idle")) opt.mode = MODE_IDLE;
+            else if (!strcmp(optarg, "storm")) opt.mode = MODE_STORM;
             else usage();
             break;
         case 't':
@@ -1040,6 +1212,9 @@ static void parse_args(int argc, char **argv) {
         case 'L': opt.lead = atoi(optarg); break;
         case 'f': opt.prefix = optarg; break;
         case 'T': opt.setup_timeout = atof(optarg); break;
+        case 'u': opt.username = optarg; break;
+        case 'k': opt.password = optarg; break;
+        case 'S': opt.tls = 1; break;
         default: usage();
         }
     }
@@ -1055,7 +1230,10 @@ static void parse_args(int argc, char **argv) {
         if (opt.pubs < 1 || opt.subs < 0 || opt.stalled < 0) die("--pubs/--subs: out of range");
         if (opt.topology == TOPO_PAIRS && opt.subs > opt.pubs) die("pairs: --subs > --pubs");
         if (opt.rate <= 0) die("--rate: must be positive");
+        if (opt.mode == MODE_STORM && opt.conns < 1) die("--conns: must be at least 1 in storm mode");
     }
+    if ((opt.username && strlen(opt.username) > 256) || (opt.password && strlen(opt.password) > 256))
+        die("--username/--password: at most 256 bytes");
 }
 
 static void raise_nofile(int wanted) {
@@ -1081,8 +1259,11 @@ int main(int argc, char **argv) {
     } else {
         npubs = opt.pubs;
         nsubs = opt.subs + opt.stalled;
-        nconns = npubs + nsubs;
+        nconns = npubs + nsubs + (opt.mode == MODE_STORM ? opt.conns : 0);
     }
+    nstream = opt.mode == MODE_STORM ? npubs + nsubs : nconns;
+    if (opt.tls)
+        tls_init();
     raise_nofile(nconns + 64);
     epfd = epoll_create1(EPOLL_CLOEXEC);
     if (epfd < 0)
@@ -1095,6 +1276,9 @@ int main(int argc, char **argv) {
         if (opt.mode == MODE_IDLE) {
             c->role = ROLE_IDLE;
             c->index = i;
+        } else if (i >= nstream) { /* storm clients */
+            c->role = ROLE_IDLE;
+            c->index = i - nstream;
         } else if (i < npubs) {
             c->role = ROLE_PUB;
             c->index = i;
@@ -1111,7 +1295,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nconns; i++) {
         struct conn *c = &conns[i];
         if (c->state != ST_CLOSED && c->state != ST_NEW) {
-            if (write(c->fd, bye, 2) < 0) { /* best effort: the broker sees a clean goodbye */
+            if (io_write(c, bye, 2) < 0) { /* best effort: the broker sees a clean goodbye */
             }
             close_conn(c, 1);
         }

@@ -69,7 +69,12 @@ def summary_line(scenario: Scenario, broker: str, outcome: dict[str, object]) ->
     f: dict[str, float] = outcome["figures"]  # type: ignore[assignment]
     if scenario.mode == "idle":
         text = (f"{f.get('connect_rate', 0):,.0f} conn/s, "
+                f"{f.get('connect_us', 0):,.1f} us CPU/conn, "
                 f"{f.get('rss_per_conn_kb', 0):.2f} KB/conn")
+    elif scenario.mode == "storm":
+        text = (f"stream p99 {f.get('calm_p99_us', 0):,.0f} us before, "
+                f"{f.get('p99_us', 0):,.0f} us during (max {f.get('max_us', 0):,.0f} us) "
+                f"a storm of {f.get('storm_rate', 0):,.0f} conn/s")
     elif scenario.mode == "latency":
         text = (f"p50 {f.get('p50_us', 0):,.0f} us, p99 {f.get('p99_us', 0):,.0f} us, "
                 f"p99.9 {f.get('p999_us', 0):,.0f} us at {f.get('rate', 0):,.0f} msg/s")

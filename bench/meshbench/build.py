@@ -17,7 +17,7 @@ from meshbench import BenchError
 
 SOURCE = Path(__file__).resolve().parents[1] / "loadgen.c"
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-std=gnu11")
-LIBS = ("-lm",)
+LIBS = ("-lm", "-lssl", "-lcrypto")
 
 
 def cache_dir() -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import signal
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -103,3 +104,10 @@ def render(title: str, summary: dict[str, object]) -> str:
         lines.append(f"  top {kind} time:")
         lines += [f"    {pct:5.1f}%  {name}" for name, pct in summary[kind]]  # type: ignore[union-attr]
     return "\n".join(lines)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """End a recording started with a long duration now: py-spy writes its output on SIGINT
+    (the caller still waits on it)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)

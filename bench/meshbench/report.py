@@ -2,7 +2,9 @@
 
 ``results[scenario][broker]`` is a list of run outcomes (one per ``--repeat``); a figure is the
 median over those runs. The ratio is always meshmq / Mosquitto, so above 1 is better for
-throughput and below 1 is better for latency. The issue's floors are checked where they apply.
+throughput and below 1 is better for latency; a row with ``versus`` compares meshmq with itself
+in another scenario (2 workers against 1), that scenario's figure standing in the Mosquitto
+column. The issue's floors are checked where they apply.
 Throughput figures come twice: raw (what each broker reached on its pinned CPU) and per
 second of broker CPU (delivered messages / CPU seconds the broker used in the window), which
 is what to compare on a machine whose CPUs are shared with other work.
@@ -33,6 +35,7 @@ class Row:
     unit: str
     floor: str = ""  # the floor, as text
     met: Check | None = None
+    versus: str | None = None  # compare with meshmq's own figure in this scenario instead
 
 
 def _ratio_at_least(x: float) -> Check:
@@ -50,6 +53,21 @@ def _throughput(scenario: str, label: str, unit: str, floor: float | None = None
             Row(scenario, "per_cpu", f"{label}, per broker CPU-s", "msg/CPU-s", text, check)]
 
 
+def _connects(scenario: str, label: str, floor: float | None = None) -> list[Row]:
+    text = f">= {floor}x" if floor else ""
+    check = _ratio_at_least(floor) if floor else None
+    return [Row(scenario, "connect_rate", f"{label}: connect rate", "conn/s", text, check),
+            Row(scenario, "connect_us", f"{label}: broker CPU per connection", "us")]
+
+
+def _storm(scenario: str, label: str) -> list[Row]:
+    return [Row(scenario, "calm_p99_us", f"{label}: QoS 1 stream p99 before", "us"),
+            Row(scenario, "p50_us", f"{label}: QoS 1 stream p50 during", "us"),
+            Row(scenario, "p99_us", f"{label}: QoS 1 stream p99 during", "us"),
+            Row(scenario, "max_us", f"{label}: QoS 1 stream max during", "us"),
+            Row(scenario, "storm_rate", f"{label}: connect rate", "conn/s")]
+
+
 ROWS: list[Row] = [
     *_throughput("fanin_qos0", "fan-in QoS 0", "msg/s", 0.5),
     *_throughput("fanin_qos1", "fan-in QoS 1, log off", "msg/s", 0.5),
@@ -63,11 +81,23 @@ ROWS: list[Row] = [
     Row("latency_qos1", "p50_us", "latency QoS 1 p50", "us"),
     Row("latency_qos1", "p99_us", "latency QoS 1 p99", "us"),
     Row("latency_qos1", "p999_us", "latency QoS 1 p99.9", "us"),
-    Row("idle", "connect_rate", "idle: connect rate", "conn/s"),
+    *_connects("idle", "idle", 0.8),
     Row("idle", "rss_per_conn_kb", "idle: broker RSS per connection", "KB",
-        "meshmq <= 12 KB", lambda m, q, r: m <= 12.0),
+        "meshmq <= 2.5 KB", lambda m, q, r: m <= 2.5),
+    *_connects("idle_v5", "idle 5.0", 0.8),
+    *_connects("idle_auth", "idle, password file", 0.8),
+    *_connects("idle_auth_v5", "idle 5.0, password file", 0.8),
+    *_connects("idle_tls", "idle, TLS 1.3"),
+    Row("idle_workers2", "connect_rate", "idle, 2 workers: connect rate", "conn/s"),
+    Row("idle_workers2", "connect_rate", "idle, 2 workers / 1 worker: connect rate", "conn/s",
+        versus="idle"),
+    Row("idle_workers2", "connect_rate_cpu_bound",
+        "idle, 2 workers: CPU-bound conn/s (busiest worker)", "conn/s"),
+    Row("idle_workers2", "rss_per_conn_kb", "idle, 2 workers: RSS per connection", "KB"),
     *_throughput("stalled", "1 stalled subscriber: healthy sub", "msg/s"),
     Row("stalled", "rss_growth_mb", "1 stalled subscriber: broker RSS growth", "MB"),
+    *_storm("storm_qos1", "storm"),
+    *_storm("storm_qos1_workers2", "storm, 2 workers"),
 ]
 
 
@@ -86,7 +116,13 @@ def table_rows(results: Results, references: dict[str, str | None]) -> list[dict
     rows = []
     for row in ROWS:
         mesh = figure(results, row.scenario, "meshmq", row.figure)
-        mosq = figure(results, reference_of(references, row.scenario), "mosquitto", row.figure)
+        if row.versus is not None:  # meshmq against itself (e.g. 2 workers against 1)
+            mosq = figure(results, row.versus, "meshmq", row.figure)
+            if mesh is None or mosq is None:
+                continue
+        else:
+            mosq = figure(results, reference_of(references, row.scenario), "mosquitto",
+                          row.figure)
         if mesh is None and mosq is None:
             continue
         ratio = mesh / mosq if mesh is not None and mosq else None

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshbench import BenchError, placement, profiling
+from meshbench import BenchError, placement, profiling, secure
 from meshbench.brokers import (
     ProcStats,
     RunningBroker,
@@ -109,13 +109,27 @@ def settled_rss(broker: RunningBroker, limit: float = 5.0) -> int:
     return previous
 
 
+def broker_cpus(scenario: Scenario, ctx: Context) -> str | None:
+    if ctx.broker_cpus is None:
+        return None  # not pinned at all (--no-pin, tests)
+    return scenario.broker_cpus or ctx.broker_cpus
+
+
+def loadgen_cpus(scenario: Scenario, ctx: Context) -> str | None:
+    return None if scenario.loadgen_unpinned else ctx.loadgen_cpus
+
+
 def start_broker(name: str, scenario: Scenario, workdir: Path, ctx: Context) -> RunningBroker:
+    cpus = broker_cpus(scenario, ctx)
+    cert = secure.certificate(workdir) if scenario.tls else None
     if name == "meshmq":
-        return start_meshmq(workdir, scenario.meshmq, ctx.broker_cpus)
+        password_file = secure.meshmq_password_file(workdir) if scenario.auth else None
+        return start_meshmq(workdir, scenario.meshmq, cpus, password_file, cert)
     if name == "mosquitto":
         if ctx.mosquitto is None:
             raise BenchError("mosquitto binary not set")
-        return start_mosquitto(workdir, ctx.mosquitto, ctx.broker_cpus)
+        password_file = secure.mosquitto_password_file(workdir) if scenario.auth else None
+        return start_mosquitto(workdir, ctx.mosquitto, cpus, password_file, cert)
     raise BenchError(f"unknown broker {name!r}")
 
 
@@ -144,6 +158,7 @@ def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[st
         profile_out = ctx.profile_dir / f"profile-{scenario.name}.txt"
 
     ready_data: dict[str, object] = {}
+    lg_cpus = loadgen_cpus(scenario, ctx)
     per_worker: dict[str, dict[int, ProcStats]] = {}
     host: dict[str, tuple[float, float]] = {}
     served_by: list[int] = []
@@ -162,20 +177,37 @@ def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[st
         if name == "window-start" and broker.workers and scenario.mode != "idle":
             served_by.extend(placement.client_workers(proc.pid, broker.port, broker.workers))
         if name == "window-start" and profile_out is not None:
-            spy.append(profiling.start(broker.pid, ctx.timing.duration, profile_out,
-                                       ctx.loadgen_cpus))
+            spy.append(profiling.start(_profiled_pid(broker), ctx.timing.duration, profile_out,
+                                       lg_cpus))
+        if name == "connecting":  # idle: the connect phase starts
+            samples["connecting"] = broker.stats()
+            host["connecting"] = host_cpu()
+            if broker.workers:
+                per_worker["connecting"] = broker.worker_stats()
+            if profile_out is not None:  # stopped at "ready": the connect phase only
+                spy.append(profiling.start(_profiled_pid(broker), 600, profile_out, lg_cpus))
         if name == "ready" and scenario.mode == "idle":
-            samples["ready"] = ProcStats(broker.stats().cpu_s, settled_rss(broker))
+            connected = broker.stats()
+            host["connected"] = host_cpu()
+            if broker.workers:
+                per_worker["connected"] = broker.worker_stats()
+            for process in spy:
+                profiling.stop(process)
+            samples["connected"] = connected
+            samples["ready"] = ProcStats(connected.cpu_s, settled_rss(broker))
             ready_data.update(data)
             assert proc.stdin is not None
             proc.stdin.close()  # the generator disconnects everyone and reports
 
-    cmd = pinned(ctx.loadgen_cpus, [str(ctx.loadgen), "--port", str(broker.port),
-                                    *scenario.loadgen_args(ctx.timing, ctx.protocol)])
+    cmd = pinned(lg_cpus, [str(ctx.loadgen), "--port", str(broker.port),
+                           *scenario.loadgen_args(ctx.timing, ctx.protocol)])
     timeout = ctx.timing.warmup + ctx.timing.duration + ctx.timing.drain + SETUP_ALLOWANCE
     run = drive_loadgen(cmd, on_event, timeout)
     samples["end"] = broker.stats() if broker.alive() else samples["start"]
     outcome = _figures(scenario, run, samples, marks, ready_data)
+    if "connecting" in host and "connected" in host:
+        _connect_phase(outcome["figures"], scenario, marks, host,  # type: ignore[arg-type]
+                       per_worker)
     if "window-start" in host and "window-end" in host:
         wall = max(marks["window-end"] - marks["window-start"], 1e-9)
         (busy0, steal0), (busy1, steal1) = host["window-start"], host["window-end"]
@@ -211,6 +243,28 @@ def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[st
     return outcome
 
 
+def _profiled_pid(broker: RunningBroker) -> int:
+    """The process py-spy samples: the broker, or worker 0 of a node of several."""
+    return broker.workers.get(0, broker.pid) if broker.workers else broker.pid
+
+
+def _connect_phase(figures: dict[str, float], scenario: Scenario, marks: dict[str, float],
+                   host: dict[str, tuple[float, float]],
+                   per_worker: dict[str, dict[int, ProcStats]]) -> None:
+    """Idle: the whole machine's busy CPU while the clients connected and, with workers, each
+    worker's CPU per connection and the rate the busiest one allows (CPU-bound conn/s)."""
+    wall = max(marks["ready"] - marks["connecting"], 1e-9)
+    figures["host_busy_pct"] = 100.0 * (host["connected"][0] - host["connecting"][0]) / wall
+    w0, w1 = per_worker.get("connecting", {}), per_worker.get("connected", {})
+    busiest = 0.0
+    for index in sorted(w0.keys() & w1.keys()):
+        cpu = w1[index].cpu_s - w0[index].cpu_s
+        figures[f"worker{index}_cpu_pct"] = 100.0 * cpu / wall
+        busiest = max(busiest, cpu)
+    if busiest > 0 and scenario.conns:
+        figures["connect_rate_cpu_bound"] = scenario.conns / busiest
+
+
 def _figures(scenario: Scenario, run: LoadgenRun, samples: dict[str, ProcStats],
              marks: dict[str, float], ready: dict[str, object]) -> dict[str, object]:
     lg = run.result or {}
@@ -227,6 +281,13 @@ def _figures(scenario: Scenario, run: LoadgenRun, samples: dict[str, ProcStats],
             figures["connect_rate"] = float(ready.get("connect_rate", 0.0))  # type: ignore[arg-type]
             figures["rss_per_conn_kb"] = (at.rss_kb - start.rss_kb) / scenario.conns
             figures["loadgen_cpu_pct"] = float(ready.get("loadgen_cpu_pct", 0.0))  # type: ignore[arg-type]
+        c0, c1 = samples.get("connecting"), samples.get("connected")
+        if c0 is not None and c1 is not None and scenario.conns:
+            wall = max(marks["ready"] - marks["connecting"], 1e-9)
+            cpu = c1.cpu_s - c0.cpu_s
+            figures["connect_us"] = 1e6 * cpu / scenario.conns  # broker CPU per connection
+            figures["broker_cpu_pct"] = 100.0 * cpu / wall
+            figures["broker_wait_pct"] = 100.0 * (c1.wait_s - c0.wait_s) / wall
     elif "window-start" in samples and "window-end" in samples:
         s0, s1 = samples["window-start"], samples["window-end"]
         wall = marks["window-end"] - marks["window-start"]
@@ -240,10 +301,15 @@ def _figures(scenario: Scenario, run: LoadgenRun, samples: dict[str, ProcStats],
             figures["loadgen_wait_pct"] = 100.0 * (g1.wait_s - g0.wait_s) / wall
         figures["rss_mb"] = end.rss_kb / 1024
         figures["rate"] = float(lg.get("delivery_rate", 0.0))  # type: ignore[arg-type]
-        if scenario.mode == "latency":
+        if scenario.mode in ("latency", "storm"):
             for key in ("p50_us", "p99_us", "p999_us", "max_us"):
                 figures[key] = float(lg.get(key, 0.0))  # type: ignore[arg-type]
-        else:
+        if scenario.mode == "storm":
+            for key in ("calm_p50_us", "calm_p99_us", "calm_max_us", "storm_rate"):
+                figures[key] = float(lg.get(key, 0.0))  # type: ignore[arg-type]
+            if cpu > 0:
+                figures["connect_us"] = 1e6 * cpu / scenario.conns  # with the stream's work
+        elif scenario.mode != "latency":
             delivered = float(lg.get("delivered_window", 0))  # type: ignore[arg-type]
             figures["per_cpu"] = delivered / cpu if cpu > 0 else 0.0
             if delivered:

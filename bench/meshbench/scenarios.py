@@ -11,8 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshbench.brokers import INFLIGHT, LOSSLESS_MESHMQ
+from meshbench.secure import PASSWORD, USERNAME
 
 IN_FLIGHT = 10_000  # deliveries outstanding end to end in throughput scenarios
+STORM_RATE = 2000  # storm: messages/s of the established QoS 1 stream
+CONCURRENCY = 64  # idle and storm: handshakes in flight (connect() to CONNACK)
+TWO_WORKERS: dict[str, object] = {"server.workers": 2}
 LOG_OFF: dict[str, object] = {"log.enabled": False, **LOSSLESS_MESHMQ}
 LOG_ON: dict[str, object] = {"log.enabled": True, "log.fsync": "always", **LOSSLESS_MESHMQ}
 
@@ -35,18 +39,23 @@ class Scenario:
 
     name: str
     title: str
-    mode: str  # throughput | latency | idle (loadgen --mode)
+    mode: str  # throughput | latency | idle | storm (loadgen --mode)
     topology: str = "fanin"  # fanin | fanout | pairs
     pubs: int = 1
     subs: int = 1
     stalled: int = 0
     qos: int = 0
     rate: float = 0.0  # latency: messages/s in total
-    conns: int = 0  # idle: connections
+    conns: int = 0  # idle: connections; storm: clients connecting during the window
     size: int = 64
     meshmq: dict[str, object] = field(default_factory=dict)
     brokers: tuple[str, ...] = ("meshmq", "mosquitto")
     reference: str | None = None
+    protocol: int | None = None  # MQTT level for this scenario (None: the run's --protocol)
+    auth: bool = False  # both brokers with a password file; every client logs in
+    tls: bool = False  # both brokers with a TLS 1.3 listener and the same certificate
+    broker_cpus: str | None = None  # taskset list for this scenario's broker (None: the run's)
+    loadgen_unpinned: bool = False  # the load generator shares the broker's CPUs (workers)
 
     def receivers_per_message(self) -> int:
         return self.subs if self.topology in ("fanin", "fanout") else 1
@@ -59,16 +68,23 @@ class Scenario:
         return min(INFLIGHT, self.lead())
 
     def loadgen_args(self, timing: Timing, protocol: int) -> list[str]:
-        args = ["--mode", self.mode, "--protocol", str(protocol), "--drain", str(timing.drain)]
+        args = ["--mode", self.mode, "--protocol", str(self.protocol or protocol),
+                "--drain", str(timing.drain)]
+        if self.auth:
+            args += ["--username", USERNAME, "--password", PASSWORD]
+        if self.tls:
+            args.append("--tls")
+        if self.mode in ("idle", "storm"):
+            args += ["--conns", str(self.conns), "--concurrency", str(CONCURRENCY)]
         if self.mode == "idle":
-            return [*args, "--conns", str(self.conns), "--concurrency", "64"]
+            return args
         args += [
             "--topology", self.topology, "--pubs", str(self.pubs), "--subs", str(self.subs),
             "--stalled", str(self.stalled), "--qos", str(self.qos), "--size", str(self.size),
             "--warmup", str(timing.warmup), "--duration", str(timing.duration),
             "--lead", str(self.lead()), "--window", str(self.window()),
         ]
-        if self.mode == "latency":
+        if self.mode in ("latency", "storm"):
             args += ["--rate", str(self.rate)]
         return args
 
@@ -97,8 +113,26 @@ def suite(quick: bool = False) -> list[Scenario]:
         Scenario("latency_qos1", "latency QoS 1 at 10k msg/s, log off", "latency", pubs=1,
                  subs=1, qos=1, rate=10_000, meshmq=LOG_OFF),
         Scenario("idle", f"{idle_conns:,} idle connections", "idle", conns=idle_conns),
+        Scenario("idle_v5", f"{idle_conns:,} idle connections, MQTT 5.0", "idle",
+                 conns=idle_conns, protocol=5),
+        Scenario("idle_auth", f"{idle_conns:,} idle connections, password file", "idle",
+                 conns=idle_conns, auth=True),
+        Scenario("idle_auth_v5", f"{idle_conns:,} idle connections, password file, MQTT 5.0",
+                 "idle", conns=idle_conns, auth=True, protocol=5),
+        Scenario("idle_tls", f"{idle_conns:,} idle connections, TLS 1.3", "idle",
+                 conns=idle_conns, tls=True),
+        Scenario("idle_workers2", f"{idle_conns:,} idle connections, meshmq 2 workers", "idle",
+                 conns=idle_conns, meshmq=TWO_WORKERS, brokers=("meshmq",), reference="idle",
+                 broker_cpus="0,1", loadgen_unpinned=True),
         Scenario("stalled", "fan-in QoS 0 with a 2nd subscriber that stops reading",
                  "throughput", pubs=10, subs=1, stalled=1, qos=0),
+        Scenario("storm_qos1", f"QoS 1 stream at {STORM_RATE:,} msg/s while {idle_conns:,}"
+                 " clients connect", "storm", pubs=1, subs=1, qos=1, rate=STORM_RATE,
+                 conns=idle_conns, meshmq=LOG_OFF),
+        Scenario("storm_qos1_workers2", "the same, meshmq 2 workers", "storm", pubs=1, subs=1,
+                 qos=1, rate=STORM_RATE, conns=idle_conns, meshmq={**LOG_OFF, **TWO_WORKERS},
+                 brokers=("meshmq",), reference="storm_qos1", broker_cpus="0,1",
+                 loadgen_unpinned=True),
     ]
 
 

@@ -106,7 +106,7 @@ class LogSettings:
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
     connect_rate: int = 1000
-    connect_burst: int = 1000
+    connect_burst: int = 20_000
     connect_rate_per_address: int = 0
     connect_burst_per_address: int = 20
     client_message_rate: int = 0
@@ -400,7 +400,8 @@ _KEYS: dict[str, _Key] = {
         int, (0, None), "CONNECTs per second the node accepts (token bucket, split evenly"
         " between workers); above it CONNACK 0x9F (3.1.1: 3); 0 = no limit"),
     "limits.connect_burst": _Key(
-        int, (1, None), "CONNECTs the node accepts at once before connect_rate applies"),
+        int, (1, None), "CONNECTs the node accepts at once before connect_rate applies (a"
+        " reconnect storm of that many clients gets in; split evenly between workers)"),
     "limits.connect_rate_per_address": _Key(
         int, (0, None), "CONNECTs per second from one source address, in each worker;"
         " 0 = no limit"),

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from meshmq.auth.acl import AccessControl, ACLFileError
 from meshmq.broker.authn import Authenticator, ConnectAuthenticator
 from meshmq.broker.connects import Connects
+from meshmq.broker.deadlines import KeepAliveWheel, WheelTimer
 from meshmq.broker.keeper import StateKeeper
 from meshmq.broker.lifecycle import Lifecycle
 from meshmq.broker.local import LocalDirectory, LocalRetained, LocalStatistics
@@ -88,7 +89,8 @@ class Broker:
             Persistence(config.log, config.server.data_dir, loop)
             if config.log.enabled and open_log else None
         )
-        self.clients: set[ClientProtocol] = set()
+        # Every connection, in a dict used as a set: an entry costs about half a set's.
+        self.clients: dict[ClientProtocol, None] = {}
         self.keeper = StateKeeper(self, index or 0, count)
         self.retained_store: RetainedStore[Message] = RetainedStore()
         self.local_retained = LocalRetained(self.retained_store, self.keeper, loop.time)
@@ -100,6 +102,9 @@ class Broker:
         self.connect_limiter = ConnectRateLimiter.from_config(config.limits, loop.time())
         self.shutting_down = False
         self.input_pauses: set[str] = set()  # node-wide reasons to read no client (pause_input)
+        # Every connection's CONNECT deadline and keep-alive check: one wheel, one loop timer.
+        self.deadlines: KeepAliveWheel[ClientProtocol] = KeepAliveWheel()
+        self._deadline_timer = WheelTimer(self.deadlines, loop, self._deadlines_due)
         self.counters = {
             "connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0, "acl_denied": 0,
             "refused_publishes": 0, "throttled": 0, "rate_disconnects": 0,
@@ -180,6 +185,29 @@ class Broker:
         for client in dirty:
             client.flush()
 
+    # ------------------------------------------------------------------ deadlines
+
+    def await_connect(self, client: ClientProtocol) -> None:
+        """A new connection: it has ``mqtt.connect_timeout`` seconds to send CONNECT."""
+        self.deadlines.await_connect(client, self.loop.time(), self.config.mqtt.connect_timeout)
+        self._deadline_timer.arm()
+
+    def watch_keep_alive(self, client: ClientProtocol) -> None:
+        """CONNACK sent: check ``client`` for silence (``keep_alive_limit``; 0 = never)."""
+        if client.keep_alive_limit:
+            self.deadlines.watch(client)
+            self._deadline_timer.arm()
+        else:
+            self.deadlines.discard(client)
+
+    def forget_deadline(self, client: ClientProtocol) -> None:
+        self.deadlines.discard(client)
+
+    def _deadlines_due(self, now: float) -> None:
+        # While we read no client at all (pause_input), their silence is ours, not theirs.
+        for client in self.deadlines.expired(now, excused=bool(self.input_pauses)):
+            client.deadline_passed()
+
     def handle_events(self, client: ClientProtocol, events: list[Packet]) -> None:
         handlers = self._handlers
         self._current = client
@@ -249,6 +277,7 @@ class Broker:
         """Close every connection for a clean stop: DISCONNECT 0x8B, no wills."""
         self.shutting_down = True
         self.sys_topics.stop()
+        self._deadline_timer.close()
         self.authenticator.close()
         for client in list(self.clients):
             client.close_reason = "server shutting down"

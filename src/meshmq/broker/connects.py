@@ -180,9 +180,11 @@ class Connects:
         conn.send_connack(0, session_present, props)
         broker.counters["connects"] += 1
         client.connected(keep_alive)
-        log.log(lifecycle.connection_log_level, "client connected", extra=kv(
-            client_id=client_id, peer=client.peer, protocol=protocol_name(conn.version),
-            clean=packet.clean_start, present=session_present, keep_alive=keep_alive))
+        level = lifecycle.connection_log_level
+        if log.isEnabledFor(level):  # (the fields cost more than the check, per CONNECT)
+            log.log(level, "client connected", extra=kv(
+                client_id=client_id, peer=client.peer, protocol=protocol_name(conn.version),
+                clean=packet.clean_start, present=session_present, keep_alive=keep_alive))
         events = broker.events
         if events is not None:
             events.client_connected(client_id, packet.username, client.peer,

@@ -24,12 +24,14 @@ stand-in goes) and arrive from one (``adopt_sessions``). Both ends speak ``Sessi
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.message import Message
 from meshmq.broker.protocol import ClientProtocol
+from meshmq.broker.session import Session
 from meshmq.broker.snapshot import SessionSnapshot, SnapshotError
 from meshmq.broker.wire import decode_message, encode_message
 from meshmq.logsetup import kv
@@ -39,7 +41,6 @@ from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
-    from meshmq.broker.session import Session
 
 log = logging.getLogger("meshmq.broker")
 
@@ -60,15 +61,14 @@ class Lifecycle:
     # ------------------------------------------------------------------ birth
 
     def new_session(self, client_id: str) -> Session:
-        from meshmq.broker.session import Session
-
         session = Session(client_id, self.broker.config.session)
         session.persistence = self.broker.persistence
         self.sessions[client_id] = session
         return session
 
     def set_user(self, session: Session, username: str | None) -> None:
-        session.username = username
+        # Interned: a fleet shares a few user names, and each session would keep its own copy.
+        session.username = None if username is None else sys.intern(username)
         acl = self.broker.acl
         if acl is not None:
             session.may_receive = partial(acl.can_receive, username, session.client_id)
@@ -218,7 +218,7 @@ class Lifecycle:
     def connection_lost(self, client: ClientProtocol) -> None:
         """The connection is gone (or taken over): detach, schedule will and expiry."""
         broker = self.broker
-        broker.clients.discard(client)
+        broker.clients.pop(client, None)
         session = client.session
         if session is None or session.client is not client:
             return  # never connected, or already lost (taken over): logged then

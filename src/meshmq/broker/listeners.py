@@ -101,10 +101,14 @@ def _peer(transport: asyncio.BaseTransport) -> tuple[str, str]:
 class ListenerClientProtocol(ClientProtocol):
     """A broker connection that gives its admission ticket back when it is gone."""
 
-    def __init__(self, broker: Broker, ticket: Ticket, identity: str | None) -> None:
+    __slots__ = ("ticket",)
+
+    def __init__(self, broker: Broker, ticket: Ticket, identity: str | None,
+                 peer: str) -> None:
         super().__init__(broker)
         self.ticket = ticket
         self.identity = identity
+        self.peer = peer
 
     def connection_lost(self, exc: Exception | None) -> None:
         try:
@@ -175,7 +179,7 @@ class Gate(asyncio.Protocol):
         if decision.verdict is Verdict.OVER_LIMIT:
             log.info("connection refused listener=%s peer=%s why=%r: CONNACK 0x97 (3.1.1: 3)"
                      " once CONNECT arrives", name, self.peer, decision.why)
-        self.inner = listener.stack(decision)
+        self.inner = listener.stack(decision, self.peer)
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -248,16 +252,21 @@ class Listener:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port = self.server.sockets[0].getsockname()[1]
 
-    def stack(self, decision: Decision) -> asyncio.Protocol:
-        """The protocols above the socket for an admitted (or over-limit) connection."""
+    def stack(self, decision: Decision, peer: str) -> asyncio.Protocol:
+        """The protocols above the socket for an admitted (or over-limit) connection from
+        ``peer`` ("host:port")."""
         ticket = decision.ticket
         assert ticket is not None
         spec = self.spec
+        if not spec.tls and spec.path is None:  # plain MQTT, the common case: no layers
+            if decision.verdict is Verdict.OVER_LIMIT:
+                return Refuser(self, ticket)
+            return ListenerClientProtocol(self.broker, ticket, None, peer)
 
         def mqtt(identity: str | None) -> asyncio.Protocol:
             if decision.verdict is Verdict.OVER_LIMIT:
                 return Refuser(self, ticket)
-            return ListenerClientProtocol(self.broker, ticket, identity)
+            return ListenerClientProtocol(self.broker, ticket, identity, peer)
 
         def above_tls(identity: str | None) -> asyncio.Protocol:
             if spec.path is None:

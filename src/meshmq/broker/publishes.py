@@ -104,7 +104,7 @@ class Publishes:
         else:
             session = client.session
             assert session is not None  # handlers run after CONNECT set it
-            session.qos2_in.add(packet_id)
+            session.note_qos2(packet_id)
             conn.send_pubrec(packet_id, code)
         client.wake()
 
@@ -115,11 +115,10 @@ class Publishes:
         assert session is not None  # handlers run after CONNECT set it
         packet_id = packet.packet_id
         if packet.qos == 2 and packet_id is not None:
-            session.qos2_in.add(packet_id)
-            session.qos2_pending.add(packet_id)
+            session.note_qos2(packet_id, pending=True)
 
         def durable(outcome: AppendOutcome) -> None:
-            session.qos2_pending.discard(packet.packet_id)
+            session.qos2_durable(packet.packet_id)
             attached = session.client is client and not client.gone
             if isinstance(outcome, Refused):
                 return self._persist_failed(client, packet, outcome)
@@ -136,8 +135,8 @@ class Publishes:
                 self.router.publish(message, self.loop.time())
 
         if not persistence.append(message, session.client_id, durable):
-            session.qos2_pending.discard(packet.packet_id)
-            session.qos2_in.discard(packet.packet_id)
+            session.qos2_durable(packet.packet_id)
+            session.release_qos2(packet.packet_id)
             self._refuse(client, packet, ReasonCode.QUOTA_EXCEEDED, "log queue full")
 
     def _stored(self, persistence: PartitionLog, message: Message, outcome: Stored) -> None:
@@ -198,7 +197,7 @@ class Publishes:
                       outcome.why, failures)
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
-        session.qos2_in.discard(packet.packet_id)
+        session.release_qos2(packet.packet_id)
         if not client.gone:
             self._refuse(client, packet, outcome.reason_code, "log failure")
             client.wake()
@@ -232,7 +231,7 @@ class Publishes:
             if not code:
                 session = client.session
                 assert session is not None  # handlers run after CONNECT set it
-                session.qos2_in.add(packet_id)
+                session.note_qos2(packet_id)
 
     # ------------------------------------------------------------------ acknowledgements in
 
@@ -249,8 +248,7 @@ class Publishes:
     def on_pubrel(self, client: ClientProtocol, packet: Pubrel) -> None:
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
-        known = packet.packet_id in session.qos2_in
-        session.qos2_in.discard(packet.packet_id)
+        known = session.release_qos2(packet.packet_id)
         client.conn.send_pubcomp(
             packet.packet_id, 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         )

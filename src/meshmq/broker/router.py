@@ -101,8 +101,7 @@ class Router:
 
     def subscribe(self, session: Session, topic_filter: str, subscription: Subscription) -> bool:
         """Add or replace a subscription; True if it already existed (retain handling 1)."""
-        existed = topic_filter in session.subscriptions
-        session.subscriptions[topic_filter] = subscription
+        existed = session.add_subscription(topic_filter, subscription)
         group, plain = parse_shared_filter(topic_filter)
         if not existed:
             self.peers.route_changed(True, group or "", plain)

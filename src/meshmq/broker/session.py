@@ -55,6 +55,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshmq.session")
 
+# Shared stand-ins for per-session containers most sessions never fill (an idle connection's
+# memory, docs/benchmarks.md "Connection storms"): replaced by a container of the session's
+# own on first use (``_enqueue``, ``note_qos2``), never modified themselves.
+NO_QUEUE: deque[Any] = deque(maxlen=0)  # maxlen 0: an append by mistake would drop, not leak
+NO_IDS: set[int] = set()  # discarding from it is harmless; adding goes through note_qos2
+NO_SUBSCRIPTIONS: dict[str, Any] = {}
+NO_INFLIGHT: dict[int, Any] = {}
+
 
 class ClientLink(Protocol):
     """What a session needs from the I/O layer of the connection it is attached to."""
@@ -158,12 +166,14 @@ class Session:
         self.limits = limits
         self.client: ClientLink | None = None
         self.expiry_interval = 0
-        self.subscriptions: dict[str, Subscription] = {}
-        self.inflight: dict[int, Outbound] = {}
-        self.queue: deque[QueueEntry] = deque()
+        self.subscriptions: dict[str, Subscription] = NO_SUBSCRIPTIONS  # add_subscription
+        self.inflight: dict[int, Outbound] = NO_INFLIGHT  # its own from the first QoS 1/2 out
+        self.queue: deque[QueueEntry] = NO_QUEUE  # a deque of its own from the first entry
         self.queued_bytes = 0
-        self.qos2_in: set[int] = set()
-        self.qos2_pending: set[int] = set()  # QoS 2 ids whose log append is not durable yet
+        # Shared empty sets until the first QoS 2 PUBLISH (``note_qos2``): most sessions never
+        # see one, and an empty set costs 216 bytes (docs/benchmarks.md, connection storms).
+        self.qos2_in: set[int] = NO_IDS
+        self.qos2_pending: set[int] = NO_IDS  # QoS 2 ids whose log append is not durable yet
         self.dropped = 0
         self.slots_freed = False  # on_puback freed a slot since the last refill()
         self.will: Will | None = None
@@ -178,6 +188,38 @@ class Session:
         self.detached_at: int | None = None  # wall clock ms when it went offline
         self.retained_window: RetainedWindow | None = None  # retained lookups in progress
         self.connecting = False  # a connection is being accepted for it: QoS 0 waits too
+
+    def add_subscription(self, topic_filter: str, subscription: Subscription) -> bool:
+        """Add or replace the subscription to ``topic_filter``; True if it replaced one."""
+        if self.subscriptions is NO_SUBSCRIPTIONS:
+            self.subscriptions = {}
+        existed = topic_filter in self.subscriptions
+        self.subscriptions[topic_filter] = subscription
+        return existed
+
+    # ------------------------------------------------------------------ inbound QoS 2
+
+    def note_qos2(self, packet_id: int, pending: bool = False) -> None:
+        """Remember an inbound QoS 2 packet id until its PUBREL (``pending``: its log append
+        is not durable yet, ``qos2_durable`` says when it is)."""
+        if self.qos2_in is NO_IDS:
+            self.qos2_in = set()
+        self.qos2_in.add(packet_id)
+        if pending:
+            if self.qos2_pending is NO_IDS:
+                self.qos2_pending = set()
+            self.qos2_pending.add(packet_id)
+
+    def qos2_durable(self, packet_id: int | None) -> None:
+        if packet_id is not None:
+            self.qos2_pending.discard(packet_id)
+
+    def release_qos2(self, packet_id: int | None) -> bool:
+        """Forget an inbound QoS 2 packet id (PUBREL, or its PUBLISH failed); True if known."""
+        if packet_id is None or packet_id not in self.qos2_in:
+            return False
+        self.qos2_in.discard(packet_id)
+        return True
 
     # ------------------------------------------------------------------ delivery
 
@@ -246,6 +288,8 @@ class Session:
         subscription_ids: list[int] | None, now: float, group: SharedKey | None, dup: bool,
     ) -> None:
         packet_id = self._allocate_packet_id()
+        if self.inflight is NO_INFLIGHT:
+            self.inflight = {}
         self.inflight[packet_id] = Outbound(message, qos, retain, subscription_ids, group)
         if not self._send(client, message, qos, retain, subscription_ids, packet_id, dup, now):
             del self.inflight[packet_id]  # too large for the client: behave as delivered
@@ -325,6 +369,8 @@ class Session:
                 return
             self.queued_bytes -= queue.popleft().message.size
             self._count_drop("queue full, oldest message dropped")
+        if queue is NO_QUEUE:
+            queue = self.queue = deque()
         queue.append(entry)
         self.queued_bytes += size
 
@@ -583,7 +629,7 @@ class Session:
         self._next_packet_id = live.next_packet_id
         self.dropped = live.dropped
         self.inflight = dict(live.inflight)
-        self.queue = deque(live.queue)
+        self.queue = deque(live.queue) if live.queue else NO_QUEUE
         self.queued_bytes = sum(entry.message.size for entry in self.queue)
         catchup = live.catchup
         if catchup is not None and self.persistence is not None:

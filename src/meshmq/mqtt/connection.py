@@ -105,6 +105,11 @@ MAX_CLIENT_ID_31 = 23  # characters, MQTT 3.1 section 3.1
 _CONNACK_311_REFUSALS = frozenset(
     {ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID})
 UNLIMITED = 268_435_460
+# Shared by every connection that has had no QoS 2 PUBLISH yet (most never do): an empty set
+# per connection is 216 bytes. Never modified: ``_add_qos2`` gives a connection its own first.
+_NO_IDS: set[int] = set()
+_NO_TOPICS: dict[bytes, str] = {}
+_NO_ALIASES: dict[int, str] = {}
 
 
 class ServerConnection:
@@ -113,6 +118,7 @@ class ServerConnection:
     __slots__ = (
         "_aliases_in",
         "_buffer",
+        "_connect_expiry",
         "_events",
         "_more",
         "_need",
@@ -166,7 +172,8 @@ class ServerConnection:
         self.max_qos = max_qos
         self.retain_available = retain_available
         self.max_events = max_events  # packets parsed per receive_data() call; 0 = all
-        self.connect: Connect | None = None
+        self.connect: Connect | None = None  # until CONNACK, which keeps only what it needs:
+        self._connect_expiry = 0  # the CONNECT's Session Expiry Interval (MQTT-3.14.2-2)
         self.error: RemoteProtocolError | None = None
         self.local_close: str | None = None  # why we closed, when the peer did nothing wrong
         self.client_max_packet_size = UNLIMITED
@@ -185,10 +192,13 @@ class ServerConnection:
         # Bytes queued by ``send_frame`` and not yet taken by ``data_to_send`` (read it, never
         # set it): a plain attribute rather than a property, as it is read per delivery.
         self.pending_output = 0
-        self._topics: dict[bytes, str] = {}  # raw topic -> topic name that passed every check
-        self._aliases_in: dict[int, str] = {}
+        # raw topic -> topic name that passed every check; the inbound topic aliases. Shared
+        # empty dicts until the first entry (``_remember_topic``, ``_resolve_alias``): an idle
+        # connection never fills them.
+        self._topics: dict[bytes, str] = _NO_TOPICS
+        self._aliases_in: dict[int, str] = _NO_ALIASES
         self._qos1_in = 0
-        self._qos2_in: set[int] = set()
+        self._qos2_in: set[int] = _NO_IDS  # its own set from the first QoS 2 PUBLISH on
 
     # ------------------------------------------------------------------ input
 
@@ -308,7 +318,7 @@ class ServerConnection:
         elif packet_id not in self._qos2_in:
             if self._qos1_in + len(self._qos2_in) >= self.receive_maximum:
                 return None
-            self._qos2_in.add(packet_id)
+            self._add_qos2(packet_id)
         return Publish(topic, data[pos:stop], qos, bool(first & 1), bool(first & 8), packet_id,
                        {})
 
@@ -422,7 +432,7 @@ class ServerConnection:
             assert packet_id is not None  # a QoS 2 PUBLISH has one (decode_publish)
             if packet_id in self._qos2_in:
                 return  # a resend of a message we still hold: not a new slot
-            self._qos2_in.add(packet_id)
+            self._add_qos2(packet_id)
         else:
             return
         if self._qos1_in + len(self._qos2_in) > self.receive_maximum:
@@ -435,6 +445,8 @@ class ServerConnection:
         UTF-8 decoding round-trips, so the encoded name is the raw topic field)."""
         topics = self._topics
         raw = topic.encode("utf-8")
+        if topics is _NO_TOPICS:
+            topics = self._topics = {}
         if raw not in topics:
             if len(topics) >= TOPIC_CACHE_SIZE:
                 topics.clear()  # wholesale: no LRU bookkeeping per packet
@@ -455,6 +467,8 @@ class ServerConnection:
                 ReasonCode.TOPIC_ALIAS_INVALID,
             )  # MQTT-3.3.2-9
         if packet.topic:
+            if self._aliases_in is _NO_ALIASES:
+                self._aliases_in = {}
             self._aliases_in[alias] = packet.topic
             return
         topic = self._aliases_in.get(alias)
@@ -464,12 +478,12 @@ class ServerConnection:
 
     def _on_disconnect(self, packet: Disconnect) -> None:
         requested = get_property(packet.properties, PropertyId.SESSION_EXPIRY_INTERVAL)
-        if requested and self.connect is not None:
-            original = get_property(
-                self.connect.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0)
-            if not original:
-                # MQTT-3.14.2-2
-                raise RemoteProtocolError("session expiry set on DISCONNECT after 0")
+        connect = self.connect  # (still here when the DISCONNECT came before our CONNACK)
+        original = self._connect_expiry if connect is None else get_property(
+            connect.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+        if requested and not original:
+            # MQTT-3.14.2-2
+            raise RemoteProtocolError("session expiry set on DISCONNECT after 0")
         self.state = CLOSED
 
     def _fail(self, exc: RemoteProtocolError) -> None:
@@ -552,6 +566,11 @@ class ServerConnection:
             self.state = CONNECTED
             self._out.extend([_PINGRESP] * self._pings_before_connack)
             self._pings_before_connack = 0
+            connect = self.connect
+            if connect is not None:  # an idle connection need not hold its CONNECT packet
+                self._connect_expiry = get_property(
+                    connect.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+                self.connect = None
             # MQTT-3.1.2-26, -27: never above the client's maximum, none if it sent 0
             maximum = min(self.outgoing_alias_maximum, self.client_topic_alias_maximum)
             self.outgoing_alias_maximum = maximum
@@ -572,6 +591,11 @@ class ServerConnection:
         if reason_code >= 0x80:
             self._qos2_in.discard(packet_id)
         self.send(Pubrec(packet_id, reason_code))
+
+    def _add_qos2(self, packet_id: int) -> None:
+        if self._qos2_in is _NO_IDS:
+            self._qos2_in = set()
+        self._qos2_in.add(packet_id)
 
     def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None:
         self._qos2_in.discard(packet_id)

@@ -13,6 +13,7 @@ import asyncio
 import ipaddress
 import logging
 import os
+import resource
 import signal
 import tempfile
 from collections.abc import Callable, Coroutine
@@ -261,7 +262,26 @@ def run_worker(config: BrokerConfig, worker: WorkerSpec, ready: Callable[[], Non
     return _run(serve(config, worker, ready, reloader))
 
 
+def raise_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; return it.
+
+    Every connection is a descriptor, and the usual soft limit (1024) would refuse a reconnect
+    storm of a few thousand clients at accept (EMFILE) whatever ``limits.connect_burst`` says;
+    the hard limit is the administrator's real bound (``ulimit -Hn``, systemd LimitNOFILE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open files limit soft=%d hard=%d: %s", soft, hard, exc)
+    return soft
+
+
 def _run(main: Coroutine[Any, Any, int]) -> int:
+    limit = raise_file_limit()
+    log.debug("open files limit=%d", limit)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on supported platforms

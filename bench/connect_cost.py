@@ -1,0 +1,188 @@
+"""What one idle connection costs meshmq: memory by where it was allocated, and CPU by function.
+
+Usage::
+
+    .venv/bin/python bench/connect_cost.py [--conns 5000] [--protocol 4|5] [--group lineno]
+    .venv/bin/python bench/connect_cost.py --profile    # cProfile of the connect phase
+    .venv/bin/python bench/connect_cost.py --cpu [--floor]  # CPU per connection (and a floor)
+
+Runs a single-process meshmq in this process (uvloop, default configuration apart from
+``limits.connect_rate = 0`` and the log off) and drives the compiled load generator
+(``bench/loadgen.c``, idle mode) against it: ``--conns`` clients connect, 64 handshakes at a
+time, and stay idle. With tracemalloc on, the Python heap that stayed allocated per connection
+is grouped by the source file (or line) that allocated it, and objects are counted by type
+(``gc``). The RSS growth that bench/run.py measures is this heap plus what tracemalloc cannot
+see (libuv's handles and buffers allocated with plain ``malloc``, allocator slack); kernel
+socket buffers are not in RSS at all. With ``--profile`` the connect
+phase runs under cProfile instead (tracemalloc off, so it does not distort the timings) and the
+functions with the most own time are listed. With ``--cpu`` only this process's CPU time per
+connection is printed, and ``--floor`` measures a bare uvloop server instead of meshmq (accept,
+read, write a CONNACK): the part of a connection's cost that no change to meshmq can remove.
+docs/benchmarks.md shows the output and reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import io
+import pstats
+import resource
+import tempfile
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from meshbench.build import build_loadgen
+
+from meshmq.config import load_config
+from meshmq.node.server import BrokerServer
+
+
+def type_counts() -> Counter[str]:
+    return Counter(type(o).__name__ for o in gc.get_objects())
+
+
+async def until_line(stream: asyncio.StreamReader, wanted: str) -> None:
+    while True:
+        line = (await stream.readline()).decode()
+        if not line:
+            raise RuntimeError(f"load generator ended before {wanted!r}")
+        if line.startswith(("error", "result")):
+            raise RuntimeError(f"load generator: {line.strip()}")
+        if line.startswith(wanted):
+            return
+
+
+class Floor(asyncio.Protocol):
+    """The least an asyncio MQTT server does per connection: accept, read the CONNECT, write
+    a CONNACK, keep the socket. What uvloop and the kernel cost, with no broker at all."""
+
+    connack = b"\x20\x02\x00\x00"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(self.connack)  # type: ignore[attr-defined]
+
+
+async def start_server(args: argparse.Namespace) -> tuple[int, Callable[[], Awaitable[None]]]:
+    """(port, stop) of meshmq, or of the ``Floor`` server with ``--floor``."""
+    if args.floor:
+        if args.protocol == 5:
+            Floor.connack = b"\x20\x03\x00\x00\x00"
+        loop = asyncio.get_running_loop()
+        floor = await loop.create_server(Floor, "127.0.0.1", 0, backlog=4096)
+
+        async def stop_floor() -> None:
+            floor.close()
+
+        return floor.sockets[0].getsockname()[1], stop_floor
+    data = tempfile.mkdtemp(prefix="meshmq-cost-")
+    config = load_config(overrides={
+        "server.bind": "127.0.0.1", "server.port": 0, "server.data_dir": data,
+        "server.log_level": "warning", "log.enabled": False,
+        "limits.connect_burst": 20_000,  # the default since issue 13, set for older trees
+    })
+    server = BrokerServer(config)
+    await server.start()
+    return server.port, server.stop
+
+
+async def measure(args: argparse.Namespace) -> None:
+    port, stop = await start_server(args)
+    loadgen = await asyncio.create_subprocess_exec(
+        str(build_loadgen()), "--port", str(port), "--mode", "idle",
+        "--protocol", str(args.protocol), "--conns", str(args.conns), "--concurrency", "64",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert loadgen.stdout is not None and loadgen.stdin is not None
+    await until_line(loadgen.stdout, "event connecting")
+    gc.collect()
+    types0 = type_counts()
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler is not None:
+        profiler.enable()
+    elif not args.cpu:
+        tracemalloc.start(1)
+    snap0 = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    await until_line(loadgen.stdout, "event ready")
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    if profiler is not None:
+        profiler.disable()
+    if args.cpu:
+        print(f"{'floor (uvloop, no broker)' if args.floor else 'meshmq'}: {args.conns} connections"
+              f" in {wall:.2f} s, {1e6 * cpu / args.conns:.1f} us of CPU each"
+              f" ({args.conns / cpu:,.0f} per CPU-second)")
+    else:
+        gc.collect()
+        report(args, types0, snap0, profiler)
+    loadgen.stdin.close()
+    await loadgen.wait()
+    await stop()
+
+
+def report(args: argparse.Namespace, types0: Counter[str],
+           snap0: tracemalloc.Snapshot | None, profiler: cProfile.Profile | None) -> None:
+    n = args.conns
+    print(f"{n} idle connections, MQTT {'5.0' if args.protocol == 5 else '3.1.1'}")
+    if profiler is not None:
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("tottime").print_stats(args.top)
+        print(out.getvalue())
+        return
+    assert snap0 is not None
+    grown = type_counts()  # before the snapshot, whose records are objects too
+    grown.subtract(types0)
+    snap1 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    diff = snap1.compare_to(snap0, args.group)
+    traced = sum(d.size_diff for d in diff) / n
+    print(f"Python heap per connection (tracemalloc): {traced:,.0f} B (RSS is measured by"
+          " bench/run.py: tracemalloc's own records inflate it here)")
+    print("\nPython heap per connection, by the file that allocated it:")
+    for d in diff[:args.top]:
+        if d.size_diff / n >= 8:
+            where = d.traceback[0]
+            line = f":{where.lineno}" if args.group == "lineno" else ""
+            print(f"  {d.size_diff / n:7,.0f} B  {short(where.filename)}{line}")
+    print("\nobjects per connection, by type (gc-tracked only):")
+    for name, count in grown.most_common(args.top):
+        if count / n >= 0.5:
+            print(f"  {count / n:5.2f}  {name}")
+
+
+def short(path: str) -> str:
+    for marker in ("/src/", "/site-packages/", "/lib/python3"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--conns", type=int, default=5000)
+    p.add_argument("--protocol", type=int, choices=(4, 5), default=4)
+    p.add_argument("--profile", action="store_true", help="cProfile instead of tracemalloc")
+    p.add_argument("--cpu", action="store_true",
+                   help="only the CPU time per connection (no tracemalloc, no profiler)")
+    p.add_argument("--floor", action="store_true",
+                   help="a bare uvloop server that only answers CONNACK, instead of meshmq")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--group", choices=("filename", "lineno"), default="filename",
+                   help="group the heap by file or by line")
+    args = p.parse_args()
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    import uvloop
+
+    uvloop.run(measure(args))
+
+
+if __name__ == "__main__":
+    main()
