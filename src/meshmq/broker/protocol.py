@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from meshmq.broker.certauth import certify
@@ -86,6 +87,7 @@ class ClientProtocol(asyncio.Protocol):
         self._keep_alive = 0.0
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self.connected_at = 0.0  # wall clock of the TCP accept (the admin API shows it)
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -94,6 +96,7 @@ class ClientProtocol(asyncio.Protocol):
         stream.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.connected_at = time.time()
         self.broker.clients.add(self)
         for reason in self.broker.input_pauses:
             self._pause_reading(reason)

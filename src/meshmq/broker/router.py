@@ -85,6 +85,18 @@ class SharedGroup:
         return sessions[client_id], self.members[client_id]
 
 
+class Traffic:
+    """Counts by QoS (index 0, 1, 2) of one router's messages; only ever increased."""
+
+    __slots__ = ("delivered", "delivered_bytes", "routed", "routed_bytes")
+
+    def __init__(self) -> None:
+        self.routed = [0, 0, 0]
+        self.routed_bytes = [0, 0, 0]
+        self.delivered = [0, 0, 0]
+        self.delivered_bytes = [0, 0, 0]
+
+
 class Router:
     """Routes publishes to sessions by subscription, and to its ``peers``."""
 
@@ -94,6 +106,9 @@ class Router:
         self.shared: SubscriptionTrie[str, SharedGroup] = SubscriptionTrie()
         self.routed = 0
         self.delivered = 0
+        # By the publish's QoS: messages routed here and deliveries made here, and their
+        # payload bytes; read on scrape by the operations plane (node/admin), never copied.
+        self.traffic = Traffic()
         self.peers: Peers = peers or LocalPeers()
         self.forwarded_in = False  # routing a message another router forwarded
 
@@ -145,6 +160,11 @@ class Router:
         """Route ``message`` here and to the peers that have a match. Returns receivers (here,
         plus one per peer it went to)."""
         self.routed += 1
+        qos = message.qos
+        size = len(message.payload)
+        traffic = self.traffic
+        traffic.routed[qos] += 1
+        traffic.routed_bytes[qos] += size
         count = self._deliver_plain(message, now)
         shared = self.shared  # entry_count: no __len__ call per publish
         local: dict[SharedKey, SharedGroup] = _NO_GROUPS
@@ -154,15 +174,18 @@ class Router:
                      for group_name, group in groups.items() if group.members}
         here, peers = self.peers.route(message, local, now)
         for key in here:
-            count += self._deliver_to_group(key, local[key], message, message.qos, now, None)
+            count += self._deliver_to_group(key, local[key], message, qos, now, None)
         self.delivered += count
+        traffic.delivered[qos] += count
+        traffic.delivered_bytes[qos] += count * size
         return count + peers
 
     def publish_internal(self, message: Message, now: float) -> int:
         """Route a message the broker itself publishes ($SYS): not counted as received."""
-        routed, delivered = self.routed, self.delivered
+        routed, delivered, traffic = self.routed, self.delivered, self.traffic
+        self.traffic = Traffic()  # counts this publish, then dropped
         count = self.publish(message, now)
-        self.routed, self.delivered = routed, delivered
+        self.routed, self.delivered, self.traffic = routed, delivered, traffic
         return count
 
     def deliver_forwarded(
@@ -179,6 +202,9 @@ class Router:
         self.forwarded_in = False
         if not message.topic.startswith(SYS_PREFIX):  # $SYS counts only client traffic
             self.delivered += count
+            traffic = self.traffic
+            traffic.delivered[message.qos] += count
+            traffic.delivered_bytes[message.qos] += count * len(message.payload)
         return count
 
     def _deliver_plain(self, message: Message, now: float) -> int:

@@ -30,6 +30,8 @@ from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.cluster.workers import WorkerCluster
 from meshmq.config import BrokerConfig
 from meshmq.log.errors import LogConfigError, LogError
+from meshmq.node.admin.app import AdminError, AdminServer
+from meshmq.node.admin.views import NodeViews, WorkerViews
 
 log = logging.getLogger("meshmq.server")
 
@@ -89,6 +91,8 @@ class BrokerServer:
         self.cluster: WorkerCluster | None = None
         self.port = 0
         self.listeners: Listeners | None = None
+        self.views: WorkerViews | None = None
+        self.admin: AdminServer | None = None
 
     async def start(self) -> None:
         cfg = self.config.server
@@ -105,7 +109,11 @@ class BrokerServer:
             await cluster.start()  # linked to every peer before the state is restored
             broker.start()
             cluster.started()
+        views = self.views = WorkerViews(broker, self.cluster)
+        if self.cluster is not None:
+            self.cluster.admin.answer = views.answer  # every worker answers admin queries
         listeners = self.listeners = Listeners(self.config, broker, self.worker is not None)
+        views.listeners = listeners
         wide = [bind for bind in listeners.binds() if not _is_loopback(bind)]
         if self.config.auth.allow_anonymous and wide and (
                 self.worker is None or self.worker.index == 0):  # one warning per node
@@ -117,10 +125,24 @@ class BrokerServer:
         self.port = listeners.port("tcp")
         log.info("listening bind=%s port=%d %sdata_dir=%s", cfg.bind, self.port,
                  f"{listeners.describe()} " if listeners.describe() else "", cfg.data_dir)
+        await self._start_admin(views)
         if cfg.port_file and self.worker is None:  # workers: the supervisor writes it
+            text = listeners.port_file_text()
+            if self.admin is not None:
+                text += f"admin={self.admin.port}\n"
             tmp = f"{cfg.port_file}.tmp"
-            Path(tmp).write_text(listeners.port_file_text())
+            Path(tmp).write_text(text)
             os.replace(tmp, cfg.port_file)  # readers never see a half-written file
+
+    async def _start_admin(self, views: WorkerViews) -> None:
+        """The admin listener, in the single process or worker 0 (docs/operations.md: the
+        supervisor runs no event loop; worker 0 already adds up the node's $SYS figures)."""
+        if not self.config.admin.listen or (self.worker is not None and self.worker.index):
+            return
+        state = Path(self.config.server.data_dir) / "admin" / "counters.json"
+        self.admin = AdminServer(self.config.admin, NodeViews(views, self.cluster), state,
+                                 shared_port=self.worker is not None)
+        await self.admin.start()
 
     def reload(self) -> None:
         """SIGHUP: re-read TLS certificates, the password file and the ACL file (existing
@@ -132,6 +154,8 @@ class BrokerServer:
             self.broker.reload_auth()
 
     async def stop(self) -> None:
+        if self.admin is not None:
+            await self.admin.stop()
         if self.listeners is not None:
             self.listeners.close()
         if self.broker is not None:
@@ -172,6 +196,10 @@ async def serve(
     except ListenerError as exc:
         log.error("%s", exc)
         return 1
+    except AdminError as exc:
+        log.error("%s", exc)
+        await server.stop()
+        return exc.status
     except LogError as exc:
         log.error("cannot open the commit log: %s (%s)", exc, exc.remedy(config.server.data_dir))
         return 1

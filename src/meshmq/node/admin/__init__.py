@@ -1,0 +1,6 @@
+"""The operations plane: Prometheus metrics, the admin API and the dashboard (docs/operations.md).
+
+``app.py`` serves them on ``admin.listen`` from worker 0 (or the single process); ``views.py``
+asks every worker through the mesh (cluster/admin.py) and each worker answers from its broker
+(broker/queries.py, ``collect.py``); ``metrics.py`` adds the workers' counters up into one view.
+"""
