@@ -287,7 +287,17 @@ async def delete_retained(request: web.Request) -> web.Response:
 
 
 async def get_partitions(request: web.Request) -> web.Response:
-    rows = await _views(request).merged("partitions")
+    """Each partition from its leader, with ``lag``: how far the slowest session reading it
+    from the log (any worker's) is behind its high watermark."""
+    views = _views(request)
+    rows = await views.merged("partitions")
+    lag: dict[int, int] = {}
+    for reader in await views.merged("cursors"):
+        for position in reader["cursor"]:
+            partition = position["partition"]
+            lag[partition] = max(lag.get(partition, 0), position["lag"])
+    for row in rows:
+        row["lag"] = lag.get(row["partition"], 0)
     return page(request, rows, "partition")
 
 
