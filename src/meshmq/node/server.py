@@ -17,7 +17,7 @@ import signal
 import tempfile
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshmq.auth.acl import ACLFileError
 from meshmq.auth.passwords import PasswordFileError
@@ -30,8 +30,11 @@ from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.cluster.workers import WorkerCluster
 from meshmq.config import BrokerConfig
 from meshmq.log.errors import LogConfigError, LogError
-from meshmq.node.admin.app import AdminError, AdminServer
-from meshmq.node.admin.views import NodeViews, WorkerViews
+from meshmq.node.admin import AdminError
+from meshmq.node.admin.views import WorkerViews
+
+if TYPE_CHECKING:
+    from meshmq.node.admin.app import AdminServer
 
 log = logging.getLogger("meshmq.server")
 
@@ -92,7 +95,7 @@ class BrokerServer:
         self.port = 0
         self.listeners: Listeners | None = None
         self.views: WorkerViews | None = None
-        self.admin: AdminServer | None = None
+        self.admin: AdminServer | None = None  # admin.listen set, here (aiohttp loaded)
 
     async def start(self) -> None:
         cfg = self.config.server
@@ -139,6 +142,9 @@ class BrokerServer:
         supervisor runs no event loop; worker 0 already adds up the node's $SYS figures)."""
         if not self.config.admin.listen or (self.worker is not None and self.worker.index):
             return
+        from meshmq.node.admin.app import AdminServer  # aiohttp only where it serves
+        from meshmq.node.admin.views import NodeViews
+
         state = Path(self.config.server.data_dir) / "admin" / "counters.json"
         self.admin = AdminServer(self.config.admin, NodeViews(views, self.cluster), state,
                                  shared_port=self.worker is not None)

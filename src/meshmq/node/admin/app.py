@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from meshmq.config import AdminConfig, split_listen
-from meshmq.node.admin import api
+from meshmq.node.admin import AdminError, api
 from meshmq.node.admin.metrics import NodeMetrics
 from meshmq.node.admin.views import NodeViews
 
@@ -29,15 +29,6 @@ log = logging.getLogger("meshmq.admin")
 
 STATIC = Path(__file__).parent / "static"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class AdminError(Exception):
-    """The admin listener cannot start; the message is one line naming the problem, and
-    ``status`` the exit status (2: a bad file in the configuration)."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def json_error(status: int, message: str, **headers: str) -> web.Response:
