@@ -106,3 +106,11 @@ def test_max_kind_takes_the_slowest() -> None:
         {"index": 0, "pid": 1, "samples": {"meshmq_catchup_lag_messages": {"3": 4}}},
         {"index": 1, "pid": 2, "samples": {"meshmq_catchup_lag_messages": {"3": 9}}}])
     assert totals["meshmq_catchup_lag_messages"] == {"3": 9}
+
+
+def test_every_metric_is_documented() -> None:
+    from meshmq.node.admin.metrics import CATALOG
+
+    docs = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    missing = [name for name in CATALOG if f"`{name}`" not in docs]
+    assert not missing, f"docs/operations.md does not list {missing}"
