@@ -94,7 +94,9 @@ def run(load: Scenario, admin: bool, workers: int, ctx: Context) -> dict[str, ob
 
 
 def median(runs: list[dict[str, object]], name: str) -> float:
-    return statistics.median(r["figures"][name] for r in runs)  # type: ignore[index]
+    """The median over the runs that produced ``name`` (NaN: none did)."""
+    values = [r["figures"][name] for r in runs if name in r["figures"]]  # type: ignore[index, operator]
+    return statistics.median(values) if values else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
