@@ -243,3 +243,28 @@ def test_masked_config_and_node_status(broker_factory) -> None:
     assert node["config"]["admin"]["api_key"] == "***" and KEY not in json.dumps(node)
     assert node["listeners"][0]["name"] == "tcp" and node["listeners"][0]["port"] == broker.port
     assert node["uptime"] >= 0 and node["version"]
+
+
+def test_https_with_admin_certfile(broker_factory, tmp_path) -> None:
+    import ssl
+    import urllib.request
+
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    cert, key = tmp_path / "admin.pem", tmp_path / "admin.key"
+    server.cert_chain_pems[0].write_to_path(str(cert))
+    server.private_key_pem.write_to_path(str(key))
+    broker = broker_factory(ADMIN + f'certfile = "{cert}"\nkeyfile = "{key}"\n')
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{broker.port_of('admin')}/api/v1/node",
+        headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, context=context, timeout=WAIT) as response:
+        assert json.loads(response.read())["status"] == "running"
+    from http.client import HTTPException
+
+    with pytest.raises((OSError, HTTPException)):  # no plain HTTP on it
+        get(broker, "/api/v1/node")

@@ -114,3 +114,29 @@ def test_every_metric_is_documented() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     missing = [name for name in CATALOG if f"`{name}`" not in docs]
     assert not missing, f"docs/operations.md does not list {missing}"
+
+
+def test_drops_stay_counted_after_the_session_ends(broker_factory, client_factory) -> None:
+    from paho.mqtt.packettypes import PacketTypes
+
+    from conftest import props
+
+    config = ADMIN + "[log]\nenabled = false\n[session]\nmax_queued_messages = 5\n"
+    broker = broker_factory(config, workers=2)
+    sleeper = client_factory("sleeper")
+    sleeper.connect(broker.port, clean_start=False,
+                    properties=props(PacketTypes.CONNECT, SessionExpiryInterval=600))
+    sleeper.subscribe("q/#", qos=1)
+    sleeper.disconnect()
+    wait_for(lambda: get(broker, "/api/v1/sessions?state=offline")["total"] == 1,
+             what="the session offline")
+    publisher = client_factory("filler")
+    publisher.connect(broker.port)
+    for number in range(12):
+        publisher.publish("q/x", f"{number}", qos=1)
+    wait_for(lambda: get(broker, "/api/v1/sessions/sleeper")["dropped"] == 7,
+             what="7 dropped from a queue of 5")
+    dropped = "meshmq_messages_dropped_total"
+    assert total(metrics(broker), dropped, reason="queue_full") == 7
+    assert http(broker.port_of("admin"), "DELETE", "/api/v1/sessions/sleeper").status == 200
+    assert total(metrics(broker), dropped, reason="queue_full") == 7  # the session is gone
