@@ -61,6 +61,9 @@ def make_app(config: AdminConfig, views: NodeViews, metrics: NodeMetrics) -> web
             return json_error(exc.status, exc.reason)
         except api.BadRequest as exc:
             return json_error(exc.status, str(exc))
+        except Exception as exc:  # a bug: logged with its traceback, answered as JSON
+            log.exception("admin request failed: %s %s", request.method, path)
+            return json_error(500, f"internal error: {type(exc).__name__}")
 
     app = web.Application(middlewares=[guard], client_max_size=64 * 1024)
     app[api.VIEWS] = views
