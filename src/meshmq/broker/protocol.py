@@ -108,7 +108,9 @@ class ClientProtocol(asyncio.Protocol):
         if self.closing:
             return
         conn = self.conn
-        self._last_read = now = self.broker.loop.time()
+        broker = self.broker
+        self._last_read = now = broker.loop.time()
+        broker.counters["bytes_in"] += len(data)  # per read, not per packet
         conn.receive_data(data)
         events = conn.events_received()
         if self.throttle is not None:
@@ -221,6 +223,7 @@ class ClientProtocol(asyncio.Protocol):
         transport = self.transport
         if data and transport is not None and not self.closing and not transport.is_closing():
             transport.write(data)
+            self.broker.counters["bytes_out"] += len(data)  # per write, not per packet
             buffered = transport.get_write_buffer_size()
             if buffered > WRITE_HARD_LIMIT and "backlog" not in self._read_pauses:
                 # Answers pile up unread: take no more requests until the client reads.

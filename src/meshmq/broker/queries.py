@@ -174,7 +174,7 @@ def counters(broker: Broker) -> dict[str, Any]:
         queued += len(session.queue)
         queued_bytes += session.queued_bytes
         catching_up += session.catchup is not None
-    traffic = broker.router.traffic
+    router = broker.router
     return {
         "connections": len(_connected(broker)),
         "sessions_online": online,
@@ -183,11 +183,9 @@ def counters(broker: Broker) -> dict[str, Any]:
         "inflight": inflight, "queued": queued, "queued_bytes": queued_bytes,
         "catching_up": catching_up,
         "subscriptions": subscribed,
-        "shared_groups": len(broker.router.shared),
+        "shared_groups": len(router.shared),
         "retained": broker.local_retained.count(),
-        "routed": list(traffic.routed), "routed_bytes": list(traffic.routed_bytes),
-        "delivered": list(traffic.delivered),
-        "delivered_bytes": list(traffic.delivered_bytes),
+        "routed": list(router.routed_qos), "delivered": list(router.delivered_qos),
         "counters": dict(broker.counters),
         "connect_refused_rate": broker.connect_limiter.statistics()["connect_refused_rate"]
         if broker.connect_limiter is not None else 0,

@@ -85,18 +85,6 @@ class SharedGroup:
         return sessions[client_id], self.members[client_id]
 
 
-class Traffic:
-    """Counts by QoS (index 0, 1, 2) of one router's messages; only ever increased."""
-
-    __slots__ = ("delivered", "delivered_bytes", "routed", "routed_bytes")
-
-    def __init__(self) -> None:
-        self.routed = [0, 0, 0]
-        self.routed_bytes = [0, 0, 0]
-        self.delivered = [0, 0, 0]
-        self.delivered_bytes = [0, 0, 0]
-
-
 class Router:
     """Routes publishes to sessions by subscription, and to its ``peers``."""
 
@@ -104,13 +92,22 @@ class Router:
         self.sessions = sessions
         self.subscriptions: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
         self.shared: SubscriptionTrie[str, SharedGroup] = SubscriptionTrie()
-        self.routed = 0
-        self.delivered = 0
-        # By the publish's QoS: messages routed here and deliveries made here, and their
-        # payload bytes; read on scrape by the operations plane (node/admin), never copied.
-        self.traffic = Traffic()
+        # By the publish's QoS (index 0, 1, 2): messages routed here (received from clients)
+        # and deliveries made here; $SYS and the operations plane (node/admin) read them.
+        self.routed_qos = [0, 0, 0]
+        self.delivered_qos = [0, 0, 0]
         self.peers: Peers = peers or LocalPeers()
         self.forwarded_in = False  # routing a message another router forwarded
+
+    @property
+    def routed(self) -> int:
+        """Messages routed here (the publishes of this router's clients)."""
+        return sum(self.routed_qos)
+
+    @property
+    def delivered(self) -> int:
+        """Deliveries made here."""
+        return sum(self.delivered_qos)
 
     # ------------------------------------------------------------------ subscriptions
 
@@ -159,12 +156,8 @@ class Router:
     def publish(self, message: Message, now: float) -> int:
         """Route ``message`` here and to the peers that have a match. Returns receivers (here,
         plus one per peer it went to)."""
-        self.routed += 1
         qos = message.qos
-        size = len(message.payload)
-        traffic = self.traffic
-        traffic.routed[qos] += 1
-        traffic.routed_bytes[qos] += size
+        self.routed_qos[qos] += 1
         count = self._deliver_plain(message, now)
         shared = self.shared  # entry_count: no __len__ call per publish
         local: dict[SharedKey, SharedGroup] = _NO_GROUPS
@@ -175,17 +168,14 @@ class Router:
         here, peers = self.peers.route(message, local, now)
         for key in here:
             count += self._deliver_to_group(key, local[key], message, qos, now, None)
-        self.delivered += count
-        traffic.delivered[qos] += count
-        traffic.delivered_bytes[qos] += count * size
+        self.delivered_qos[qos] += count
         return count + peers
 
     def publish_internal(self, message: Message, now: float) -> int:
         """Route a message the broker itself publishes ($SYS): not counted as received."""
-        routed, delivered, traffic = self.routed, self.delivered, self.traffic
-        self.traffic = Traffic()  # counts this publish, then dropped
+        routed, delivered = list(self.routed_qos), list(self.delivered_qos)
         count = self.publish(message, now)
-        self.routed, self.delivered, self.traffic = routed, delivered, traffic
+        self.routed_qos[:], self.delivered_qos[:] = routed, delivered
         return count
 
     def deliver_forwarded(
@@ -201,10 +191,7 @@ class Router:
                 count += self._deliver_to_group(key, group, message, message.qos, now, None)
         self.forwarded_in = False
         if not message.topic.startswith(SYS_PREFIX):  # $SYS counts only client traffic
-            self.delivered += count
-            traffic = self.traffic
-            traffic.delivered[message.qos] += count
-            traffic.delivered_bytes[message.qos] += count * len(message.payload)
+            self.delivered_qos[message.qos] += count
         return count
 
     def _deliver_plain(self, message: Message, now: float) -> int:

@@ -97,10 +97,10 @@ def _clients(out: Sampler, broker: Broker, figures: dict[str, Any],
 def _messages(out: Sampler, figures: dict[str, Any]) -> None:
     for qos in range(3):
         out.put("meshmq_messages_received_total", figures["routed"][qos], qos)
-        out.put("meshmq_received_bytes_total", figures["routed_bytes"][qos], qos)
         out.put("meshmq_messages_delivered_total", figures["delivered"][qos], qos)
-        out.put("meshmq_delivered_bytes_total", figures["delivered_bytes"][qos], qos)
     counters = figures["counters"]
+    out.put("meshmq_received_bytes_total", counters["bytes_in"])
+    out.put("meshmq_sent_bytes_total", counters["bytes_out"])
     out.put("meshmq_messages_dropped_total", figures["dropped_queue_full"], "queue_full")
     out.put("meshmq_messages_dropped_total", counters["acl_denied"], "acl_denied")
     out.put("meshmq_messages_dropped_total", counters["refused_publishes"], "log_refused")

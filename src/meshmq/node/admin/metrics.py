@@ -65,13 +65,11 @@ CATALOG: dict[str, Spec] = {
     "meshmq_messages_received_total": Spec(
         "counter", "PUBLISHes received from clients and routed, by QoS.", ("qos",)),
     "meshmq_received_bytes_total": Spec(
-        "counter", "Payload bytes of the PUBLISHes received, by QoS.", ("qos",)),
+        "counter", "MQTT bytes read from clients (every packet)."),
     "meshmq_messages_delivered_total": Spec(
         "counter", "Deliveries to subscribers, by the QoS the message was published with.",
         ("qos",)),
-    "meshmq_delivered_bytes_total": Spec(
-        "counter", "Payload bytes delivered, by the QoS the message was published with.",
-        ("qos",)),
+    "meshmq_sent_bytes_total": Spec("counter", "MQTT bytes written to clients (every packet)."),
     "meshmq_messages_dropped_total": Spec(
         "counter", "Messages dropped, by reason: queue_full (a session's queue), acl_denied"
         " (publishes and subscriptions the ACL refused), log_refused (the commit log could"
