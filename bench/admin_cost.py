@@ -8,8 +8,11 @@ Fan-in QoS 0 and QoS 1 (10 publishers -> 1 wildcard subscriber, the C load gener
 bench/run.py), each on a fresh node with the admin listener off, then on with ``/metrics`` and
 ``/api/v1/overview`` (what the open dashboard polls) fetched every second through the run,
 alternating off/on ``--repeat`` times. The broker is pinned to CPU 0 (CPUs 0-1 with 2 workers)
-and the load generator to CPU 1. Figures are medians: msg/s delivered and broker CPU µs per
-message. The issue's floor: at most 3% fewer msg/s with admin on. Prints the table and writes
+and the load generator to CPU 1. Figures are medians: broker CPU µs per message (all runs), and
+msg/s delivered over the runs in which the broker waited for its CPU less than
+``CONTENDED_WAIT`` of the window (on a shared machine another process on CPU 0 halves the rate
+of a run without changing its CPU per message). The issue's floor: at most 3% more CPU per
+message, and 3% fewer msg/s, with admin on. Prints the table and writes
 ``bench/results/admin-<UTC time>.json``. Exit status 1 if a run failed validation or the floor
 is missed.
 """
@@ -36,7 +39,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FULL = Timing(warmup=1.0, duration=5.0, drain=5.0)
 QUICK = Timing(warmup=0.3, duration=1.0, drain=2.0)
 KEY = "bench-key"
-FLOOR = 0.97  # msg/s with admin on / off, at least
+FLOOR = 0.97  # msg/s with admin on / off, at least (CPU per message: at most 1 / FLOOR)
+CONTENDED_WAIT = 10.0  # % of the window the broker spent runnable, waiting for a CPU
 LOADS = (
     Scenario("fanin_qos0", "fan-in QoS 0 (10 pub -> 1 wildcard sub)", "throughput", pubs=10,
              subs=1, qos=0, brokers=("meshmq",)),
@@ -87,15 +91,21 @@ def run(load: Scenario, admin: bool, workers: int, ctx: Context) -> dict[str, ob
         scrapes = scraper.stop() if scraper is not None else 0
     outcome["admin"] = admin
     outcome["scrapes"] = scrapes
-    if admin and scrapes < ctx.timing.duration - 1:
+    if admin and scrapes < ctx.timing.duration / 2:
         outcome["ok"] = False
         outcome["problems"].append(f"only {scrapes} scrapes answered")  # type: ignore[union-attr]
     return outcome
 
 
-def median(runs: list[dict[str, object]], name: str) -> float:
-    """The median over the runs that produced ``name`` (NaN: none did)."""
-    values = [r["figures"][name] for r in runs if name in r["figures"]]  # type: ignore[index, operator]
+def median(runs: list[dict[str, object]], name: str, calm: bool = False) -> float:
+    """The median over the runs that produced ``name`` (NaN: none did); ``calm``: only those
+    whose broker did not wait for its CPU."""
+    values = []
+    for run in runs:
+        figures: dict[str, float] = run["figures"]  # type: ignore[assignment]
+        if name in figures and (not calm
+                                or figures.get("broker_wait_pct", 0.0) < CONTENDED_WAIT):
+            values.append(figures[name])
     return statistics.median(values) if values else float("nan")
 
 
@@ -123,16 +133,18 @@ def main(argv: list[str] | None = None) -> int:
                       f"{1e6 / f['per_cpu'] if f.get('per_cpu') else 0:>6.2f} us/msg "
                       f"scrapes={outcome['scrapes']} {status}", file=sys.stderr)
     rows = []
-    print(f"\n{'load':<12}{'off msg/s':>12}{'on msg/s':>12}{'on/off':>8}"
+    print("\nmsg/s: runs whose broker waited for its CPU under"
+          f" {CONTENDED_WAIT:g}% of the window; us/msg: all runs")
+    print(f"{'load':<12}{'off msg/s':>12}{'on msg/s':>12}{'on/off':>8}"
           f"{'off us/msg':>12}{'on us/msg':>11}{'on/off':>8}")
     for name, sides in results.items():
-        off_rate, on_rate = median(sides["off"], "rate"), median(sides["on"], "rate")
+        off_rate, on_rate = median(sides["off"], "rate", True), median(sides["on"], "rate", True)
         off_cpu = 1e6 / median(sides["off"], "per_cpu")
         on_cpu = 1e6 / median(sides["on"], "per_cpu")
         rows.append({"load": name, "off_rate": off_rate, "on_rate": on_rate,
                      "rate_ratio": on_rate / off_rate, "off_us_per_msg": off_cpu,
                      "on_us_per_msg": on_cpu, "cpu_ratio": on_cpu / off_cpu})
-        ok &= on_rate / off_rate >= FLOOR
+        ok &= on_rate / off_rate >= FLOOR and on_cpu / off_cpu <= 1 / FLOOR
         print(f"{name:<12}{off_rate:>12,.0f}{on_rate:>12,.0f}{on_rate / off_rate:>8.3f}"
               f"{off_cpu:>12.2f}{on_cpu:>11.2f}{on_cpu / off_cpu:>8.3f}")
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -140,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json(RESULTS / f"admin-{stamp}.json", {
         "workers": args.workers, "repeat": args.repeat, "timing": vars(ctx.timing),
         "rows": rows, "tree": tree_state(), "runs": results})
-    print(f"floor: on/off msg/s >= {FLOOR}: {'met' if ok else 'MISSED (or a run failed)'}")
+    print(f"floor: on/off msg/s >= {FLOOR} and CPU/msg <= {1 / FLOOR:.3f}:"
+          f" {'met' if ok else 'MISSED (or a run failed)'}")
     return 0 if ok else 1
 
 

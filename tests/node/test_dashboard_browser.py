@@ -28,6 +28,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1400,1000", "--force-device-scale-factor=1"]
 IN_COLOUR = (0x1F, 0x77, 0xB4)  # --in in style.css: the "messages in" line
+BROWSER_WAIT = 30.0  # the page polls once a second; a loaded machine may take longer
 SCREENSHOT_COPY = os.environ.get("MESHMQ_DASHBOARD_SCREENSHOT")  # also save it there
 
 
@@ -105,10 +106,10 @@ def test_dashboard_in_chromium(broker_factory, client_factory, browser, tmp_path
         driver.find_element(By.ID, "login-button").click()
 
         # live rates, and a chart with a line of several points
-        wait_for(lambda: (figure(driver, "#in-rate") or 0) > 0, what="a message rate")
+        wait_for(lambda: (figure(driver, "#in-rate") or 0) > 0, BROWSER_WAIT, "a message rate")
         wait_for(lambda: len(driver.execute_script(
             "const p = document.getElementById('line-in'); return p ? p.getAttribute('d') : ''"
-        ).split("L")) >= 5, what="five points on the chart")
+        ).split("L")) >= 5, BROWSER_WAIT, "five points on the chart")  # one a second
 
         # the figures shown are the API's (both poll; the counts here are steady)
         def same(selector: str, field: str) -> bool:
