@@ -10,6 +10,7 @@ and the cluster are put together: neither imports the other's composition.
 from __future__ import annotations
 
 import asyncio
+import gc
 import ipaddress
 import logging
 import os
@@ -149,6 +150,7 @@ class BrokerServer:
         self.admin = AdminServer(self.config.admin, NodeViews(views, self.cluster), state,
                                  shared_port=self.worker is not None)
         await self.admin.start()
+        gc.freeze()  # aiohttp's and prometheus-client's modules too (broker.GC_THRESHOLDS)
 
     def reload(self) -> None:
         """SIGHUP: re-read TLS certificates, the password file and the ACL file (existing
