@@ -40,8 +40,9 @@ serve: $(BROKER)
 demo: $(SPARK)
 	$(BIN)/meshmq pipeline demo
 
-## Run the whole test suite: lint, type check, then pytest on 2 workers. The mosquitto clients
-## are needed by the interop tests (which skip without them); installing them is best effort.
+## Run the whole test suite: lint, type check, then pytest on 2 workers. The mosquitto clients are needed
+## by the interop tests, Chromium and its driver by the dashboard's browser tests (each skips
+## without them, saying why); installing them is best effort.
 test: $(TEST)
 	@command -v mosquitto_pub >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -51,6 +52,17 @@ test: $(TEST)
 	    || echo "note: could not install mosquitto-clients; interop tests will be skipped"; \
 	  else \
 	    echo "note: mosquitto-clients not installed; interop tests will be skipped"; \
+	  fi; \
+	}
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium chromium-driver"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends chromium chromium-driver; } \
+	      >/dev/null 2>&1 \
+	    || echo "note: could not install chromium; dashboard browser tests will be skipped"; \
+	  else \
+	    echo "note: chromium not installed; dashboard browser tests will be skipped"; \
 	  fi; \
 	}
 	$(BIN)/ruff check src tests bench

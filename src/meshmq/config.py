@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,6 +182,17 @@ class HooksConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The operations plane's HTTP listener: admin API, dashboard and /metrics."""
+
+    listen: str = ""
+    api_key: str = ""
+    metrics_auth: bool = False
+    certfile: str = ""
+    keyfile: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
@@ -192,12 +204,13 @@ class BrokerConfig:
     ws: WebSocketConfig = field(default_factory=WebSocketConfig)
     wss: SecureWebSocketConfig = field(default_factory=SecureWebSocketConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
 
 
 _SECTIONS = {
     "server": ServerConfig, "mqtt": MQTTConfig, "session": SessionConfig, "auth": AuthConfig,
     "log": LogSettings, "limits": LimitsConfig, "tls": TLSConfig, "ws": WebSocketConfig,
-    "wss": SecureWebSocketConfig, "hooks": HooksConfig,
+    "wss": SecureWebSocketConfig, "hooks": HooksConfig, "admin": AdminConfig,
 }
 
 
@@ -237,6 +250,14 @@ HOOK_EVENTS = ("client_connected", "client_disconnected", "publish")
 
 def _split_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
+
+
+_URL_CREDENTIALS = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any ``user:password@`` shown as ``***@`` (for logs and the admin API)."""
+    return _URL_CREDENTIALS.sub(r"\1***@", url)
 
 
 def _check_url(value: str) -> str:
@@ -293,6 +314,26 @@ def _hooks_keys() -> dict[str, _Key]:
             int, (1, None), "wait before the first retry; doubled at each retry"),
         "hooks.retry_backoff_max_ms": _Key(int, (1, None), "longest wait between retries"),
     }
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:18083"`` / ``"[::1]:18083"`` -> (host, port); ValueError says why not."""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"must be HOST:PORT such as 127.0.0.1:18083, got {_show(value)}")
+    return host, int(port)
+
+
+def _check_listen(value: str) -> str:
+    if not value:
+        return ""  # off
+    try:
+        split_listen(value)
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 def _admission_keys(section: str, listener: str) -> dict[str, _Key]:
@@ -452,6 +493,20 @@ _KEYS: dict[str, _Key] = {
     "wss.path": _Key(str, None, "HTTP path of the secure WebSocket endpoint", _check_path),
     **_admission_keys("wss", "the secure WebSocket listener"),
     **_hooks_keys(),
+    "admin.listen": _Key(
+        str, None, "HOST:PORT of the HTTP listener for the admin API, the dashboard and"
+        " /metrics (docs/operations.md; with several workers served by worker 0); port 0"
+        " picks a free port; empty = off", _check_listen),
+    "admin.api_key": _Key(
+        str, None, "the key API requests carry as 'Authorization: Bearer <key>' (401"
+        " without it); required when admin.listen is set"),
+    "admin.metrics_auth": _Key(
+        bool, None, "/metrics needs the API key too (false: Prometheus scrapes it without"
+        " one)"),
+    "admin.certfile": _Key(
+        str, None, "PEM certificate (chain): serve the admin listener over HTTPS; empty ="
+        " plain HTTP"),
+    "admin.keyfile": _Key(str, None, "PEM private key of admin.certfile; empty = in certfile"),
 }
 
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
@@ -589,6 +644,11 @@ def _check_listeners(config: BrokerConfig) -> None:
     for flag in ("require_client_cert", "cert_username"):
         if getattr(tls, flag) and not tls.cafile:
             raise ConfigError(f"tls.cafile: required when tls.{flag} is true")
+    admin = config.admin
+    if admin.listen and not admin.api_key:
+        raise ConfigError("admin.api_key: required when admin.listen is set")
+    if admin.keyfile and not admin.certfile:
+        raise ConfigError("admin.certfile: required when admin.keyfile is set")
     seen: dict[tuple[str, int], str] = {}
     for name in ("server", "tls", "ws", "wss"):
         section = getattr(config, name)
@@ -611,6 +671,7 @@ def config_reference() -> list[tuple[str, object, str]]:
 
 
 __all__ = [
+    "AdminConfig",
     "AuthConfig",
     "BrokerConfig",
     "ConfigError",

@@ -24,6 +24,8 @@ from meshmq.cluster.codec import (
     FRAMES,
     KNOWN_TYPES,
     MAX_FRAME,
+    Admin,
+    AdminAnswer,
     Append,
     AppendAnswer,
     Appended,
@@ -160,6 +162,9 @@ CASES: list[tuple[object, bytes, bool]] = [
      text_bytes("c") + u("BB", 0, 0) + offsets_bytes([]) + text_bytes("") + text_bytes("")
      + PLAIN_BODY, False),
     (Settled("c-1"), text_bytes("c-1"), True),
+    (Admin(20, "kick", b'{"client_id":"c"}'),
+     u("Q", 20) + text_bytes("kick") + u("I", 17) + b'{"client_id":"c"}', True),
+    (AdminAnswer(21, b'{"ok":true}'), u("QI", 21, 11) + b'{"ok":true}', True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -255,6 +260,8 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
                                  st.none() | st.tuples(unicode_text.filter(bool), unicode_text),
                                  bodies),
     FrameType.SETTLED: st.builds(Settled, unicode_text),
+    FrameType.ADMIN: st.builds(Admin, u64s, unicode_text, bodies),
+    FrameType.ADMIN_ANSWER: st.builds(AdminAnswer, u64s, bodies),
 }
 any_frame = st.sampled_from(list(FrameType)).flatmap(lambda t: FRAME_STRATEGIES[t])
 

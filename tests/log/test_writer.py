@@ -368,3 +368,19 @@ def test_per_record_policy_overrides_the_writer_default(tmp_path: Path) -> None:
         assert outcomes.get(timeout=WAIT) is True
         assert writer.statistics().fsyncs == 1
     log.close()
+
+
+def test_fsync_latency_histogram_counts_every_fsync(tmp_path: Path) -> None:
+    """The operations plane's fsync histogram (WriterStatistics): one bucket count per fsync,
+    summing to ``fsyncs``, with the time they took."""
+    log = CommitLog(tmp_path, LogConfig(partitions=2))
+    with LogWriter(log, fsync_policy="always") as writer:
+        for i in range(20):
+            writer.submit(record("h", i), lambda outcome: None)
+    stats = writer.statistics()
+    assert stats.fsyncs >= 1
+    assert sum(stats.fsync_buckets) == stats.fsyncs
+    assert stats.fsync_seconds > 0
+    assert stats.appended == 20
+    assert stats.appended_bytes == sum(len(record("h", i).payload) for i in range(20))
+    log.close()

@@ -278,6 +278,7 @@ class Lifecycle:
         broker = self.broker
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            broker.counters["ended_drops"] += session.dropped  # the node's drops stay counted
             broker.keeper.ended(session)
             broker.directory.ended(session)
         broker.router.drop_session(session, now)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from meshmq.broker.certauth import certify
@@ -72,6 +73,7 @@ class ClientProtocol(asyncio.Protocol):
         "close_reason",
         "closing",
         "conn",
+        "connected_at",
         "gone",
         "held",
         "identity",
@@ -118,6 +120,7 @@ class ClientProtocol(asyncio.Protocol):
         # Deadlines live in the broker's timer wheel (deadlines.py), which reads these two.
         self.keep_alive_limit = 0.0  # 1.5 x the Keep Alive once connected; 0 = none (yet)
         self.last_read = 0.0
+        self.connected_at = 0.0  # wall clock of the TCP accept (the admin API shows it)
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -127,6 +130,7 @@ class ClientProtocol(asyncio.Protocol):
         if self.peer == "?":  # (the listener's gate tells it when it knows it already)
             peer = transport.get_extra_info("peername")
             self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.connected_at = time.time()
         self.broker.clients[self] = None
         for reason in self.broker.input_pauses:
             self._pause_reading(reason)
@@ -136,7 +140,9 @@ class ClientProtocol(asyncio.Protocol):
         if self.closing:
             return
         conn = self.conn
-        self.last_read = now = self.broker.loop.time()
+        broker = self.broker
+        self.last_read = now = broker.loop.time()
+        broker.counters["bytes_in"] += len(data)  # per read, not per packet
         conn.receive_data(data)
         events = conn.events_received()
         if self.throttle is not None:
@@ -247,6 +253,7 @@ class ClientProtocol(asyncio.Protocol):
         transport = self.transport
         if data and transport is not None and not self.closing and not transport.is_closing():
             transport.write(data)
+            self.broker.counters["bytes_out"] += len(data)  # per write, not per packet
             buffered = transport.get_write_buffer_size()
             if buffered > WRITE_HARD_LIMIT and "backlog" not in self._read_pauses:
                 # Answers pile up unread: take no more requests until the client reads.

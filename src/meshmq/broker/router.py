@@ -92,10 +92,22 @@ class Router:
         self.sessions = sessions
         self.subscriptions: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
         self.shared: SubscriptionTrie[str, SharedGroup] = SubscriptionTrie()
-        self.routed = 0
-        self.delivered = 0
+        # By the publish's QoS (index 0, 1, 2): messages routed here (received from clients)
+        # and deliveries made here; $SYS and the operations plane (node/admin) read them.
+        self.routed_qos = [0, 0, 0]
+        self.delivered_qos = [0, 0, 0]
         self.peers: Peers = peers or LocalPeers()
         self.forwarded_in = False  # routing a message another router forwarded
+
+    @property
+    def routed(self) -> int:
+        """Messages routed here (the publishes of this router's clients)."""
+        return sum(self.routed_qos)
+
+    @property
+    def delivered(self) -> int:
+        """Deliveries made here."""
+        return sum(self.delivered_qos)
 
     # ------------------------------------------------------------------ subscriptions
 
@@ -143,7 +155,8 @@ class Router:
     def publish(self, message: Message, now: float) -> int:
         """Route ``message`` here and to the peers that have a match. Returns receivers (here,
         plus one per peer it went to)."""
-        self.routed += 1
+        qos = message.qos
+        self.routed_qos[qos] += 1
         count = self._deliver_plain(message, now)
         shared = self.shared  # entry_count: no __len__ call per publish
         local: dict[SharedKey, SharedGroup] = _NO_GROUPS
@@ -153,15 +166,15 @@ class Router:
                      for group_name, group in groups.items() if group.members}
         here, peers = self.peers.route(message, local, now)
         for key in here:
-            count += self._deliver_to_group(key, local[key], message, message.qos, now, None)
-        self.delivered += count
+            count += self._deliver_to_group(key, local[key], message, qos, now, None)
+        self.delivered_qos[qos] += count
         return count + peers
 
     def publish_internal(self, message: Message, now: float) -> int:
         """Route a message the broker itself publishes ($SYS): not counted as received."""
-        routed, delivered = self.routed, self.delivered
+        routed, delivered = list(self.routed_qos), list(self.delivered_qos)
         count = self.publish(message, now)
-        self.routed, self.delivered = routed, delivered
+        self.routed_qos[:], self.delivered_qos[:] = routed, delivered
         return count
 
     def deliver_forwarded(
@@ -177,7 +190,7 @@ class Router:
                 count += self._deliver_to_group(key, group, message, message.qos, now, None)
         self.forwarded_in = False
         if not message.topic.startswith(SYS_PREFIX):  # $SYS counts only client traffic
-            self.delivered += count
+            self.delivered_qos[message.qos] += count
         return count
 
     def _deliver_plain(self, message: Message, now: float) -> int:

@@ -58,6 +58,8 @@ class FrameType(IntEnum):
     RELEASE = 18  # from a client id's owner to the holder: hand the session over to a worker
     REGISTER = 19  # to client ids' owners: sessions the sender now holds or no longer holds
     APPENDED = 20  # answers to APPEND
+    ADMIN = 21  # request from the admin listener's worker: answer this query (node/admin)
+    ADMIN_ANSWER = 22  # answer to ADMIN
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -581,9 +583,47 @@ class Settled:
         return frame
 
 
+@dataclass(frozen=True, slots=True)
+class Admin:
+    """Request: answer the operations plane's ``query`` (a name) with ``args`` (JSON)."""
+
+    request_id: int
+    query: str
+    args: bytes
+
+    def encode(self) -> bytes:
+        return (Writer().u64(self.request_id).text(self.query).blob(self.args)
+                .frame(FrameType.ADMIN))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Admin:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.text(), reader.blob())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class AdminAnswer:
+    """Answer to ADMIN: the result as JSON (opaque here, as a message body is)."""
+
+    request_id: int
+    result: bytes
+
+    def encode(self) -> bytes:
+        return Writer().u64(self.request_id).blob(self.result).frame(FrameType.ADMIN_ANSWER)
+
+    @classmethod
+    def decode(cls, body: bytes) -> AdminAnswer:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.blob())
+        reader.end()
+        return frame
+
+
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
-         | BarrierDone | Deliver | Settled)
+         | BarrierDone | Deliver | Settled | Admin | AdminAnswer)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -594,6 +634,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.REGISTER: Register, FrameType.SYNC: Sync, FrameType.SYNCED: Synced,
     FrameType.STATS: Stats, FrameType.BARRIER: Barrier, FrameType.BARRIER_DONE: BarrierDone,
     FrameType.DELIVER: Deliver, FrameType.SETTLED: Settled,
+    FrameType.ADMIN: Admin, FrameType.ADMIN_ANSWER: AdminAnswer,
 }
 
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from meshmq.cluster.codec import (
+    AdminAnswer,
     Barrier,
     BarrierDone,
     Claimed,
@@ -76,7 +77,8 @@ log = logging.getLogger("meshmq.mesh")
 ANSWER_TIMEOUT = 3.0  # seconds before a peer that does not answer (stopped, stuck) is passed over
 WRITE_HIGH_WATER = 16 * 1024 * 1024  # bytes queued for a peer before its link is congested
 WRITE_LOW_WATER = 4 * 1024 * 1024  # ... and after which it is not any more
-_ANSWER_FRAMES = (Reply, Retained, Claimed, Synced, BarrierDone)  # answers to a request
+# answers to a request
+_ANSWER_FRAMES = (Reply, Retained, Claimed, Synced, BarrierDone, AdminAnswer)
 
 Handler = Callable[[int, Any], None]  # (peer, decoded frame)
 Highs = dict[int, int]
@@ -128,7 +130,7 @@ class Mesh:
         self.peers: dict[int, _Link] = {}  # linked peers (HELLO received)
         self._handlers: dict[int, Handler] = {}
         self._answers = {FrameType.REPLY, FrameType.RETAINED, FrameType.CLAIMED,
-                         FrameType.SYNCED, FrameType.BARRIER_DONE}
+                         FrameType.SYNCED, FrameType.BARRIER_DONE, FrameType.ADMIN_ANSWER}
         self._wanted_write = False
         self._drained: dict[int, list[Callable[[], None]]] = {}
         self.on_link_up: list[Callable[[int, Hello], None]] = []

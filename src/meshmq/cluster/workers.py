@@ -25,6 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from meshmq.broker.wire import decode_message, encode_message
+from meshmq.cluster.admin import MeshAdmin
 from meshmq.cluster.directory import Directory
 from meshmq.cluster.leaders import Leadership
 from meshmq.cluster.mesh import Mesh
@@ -84,6 +85,7 @@ class WorkerCluster:
                                       lifecycle.encode_message, lifecycle.decode_message)
         self.directory = Directory(lifecycle, self.leadership, mesh, loop.call_soon)
         self.statistics = MeshStatistics(mesh, self.leadership.is_statistics_owner)
+        self.admin = MeshAdmin(mesh, loop)  # the operations plane's queries (node/admin/)
         join_router(mesh, broker.router, decode_message, self._forwarded_position)
         mesh.on_congested = self._congested
         self._congestion_logged = -1e9

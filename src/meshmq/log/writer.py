@@ -36,6 +36,7 @@ queue would deadlock, so ``submit`` from the writer thread behaves like ``submit
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
@@ -78,6 +79,10 @@ class _Request:
 _STOP = object()
 
 
+# Upper bounds (seconds) of the fsync latency histogram's buckets (the last bucket: above them).
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
 @dataclass(frozen=True, slots=True)
 class WriterStatistics:
     queued: int
@@ -85,6 +90,9 @@ class WriterStatistics:
     groups: int
     fsyncs: int
     failed: bool
+    appended_bytes: int = 0  # payload bytes of the appended records
+    fsync_buckets: tuple[int, ...] = ()  # fsyncs per FSYNC_BUCKETS bucket (not cumulative)
+    fsync_seconds: float = 0.0  # the time all fsyncs took
 
 
 class LogWriter:
@@ -112,7 +120,9 @@ class LogWriter:
         self._failure: LogError | None = None
         self._dirty: set[int] = set()
         self._last_fsync = self._last_retention = time.monotonic()
-        self._counts = {"appended": 0, "groups": 0, "fsyncs": 0}
+        self._counts = {"appended": 0, "groups": 0, "fsyncs": 0, "appended_bytes": 0}
+        self._fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)  # written by the writer thread
+        self._fsync_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="meshmq-log-writer", daemon=True)
         self._thread.start()
 
@@ -154,9 +164,11 @@ class LogWriter:
         self._thread.join(timeout)
 
     def statistics(self) -> WriterStatistics:
-        return WriterStatistics(self._queue.qsize(), self._counts["appended"],
-                                self._counts["groups"], self._counts["fsyncs"],
-                                self._failure is not None)
+        counts = self._counts
+        return WriterStatistics(self._queue.qsize(), counts["appended"], counts["groups"],
+                                counts["fsyncs"], self._failure is not None,
+                                counts["appended_bytes"], tuple(self._fsync_buckets),
+                                self._fsync_seconds)
 
     def __enter__(self) -> LogWriter:
         return self
@@ -254,6 +266,7 @@ class LogWriter:
                 continue
             written.add(partition)
             self._counts["appended"] += len(requests)
+            self._counts["appended_bytes"] += sum(len(r.record.payload) for r in requests)
             for n, request in enumerate(requests):
                 request.outcome = AppendResult(partition, base + n)
         return written
@@ -283,6 +296,7 @@ class LogWriter:
     def _sync(self, partitions: set[int], timed: bool = True) -> None:
         """fsync ``partitions``; ``timed``: this is the interval policy's periodic fsync."""
         if partitions and self._failure is None:
+            started = time.monotonic()
             try:
                 self.log.flush(sorted(partitions))
             except Exception as exc:
@@ -290,9 +304,15 @@ class LogWriter:
                 self._failure = LogError(f"log fsync failed: {exc}")
                 self._failure.__cause__ = exc
             self._counts["fsyncs"] += 1
+            self._time_fsync(time.monotonic() - started)
         if timed:
             self._last_fsync = time.monotonic()
         self._dirty -= partitions
+
+    def _time_fsync(self, elapsed: float) -> None:
+        """Count one fsync in the latency histogram (read by the operations plane)."""
+        self._fsync_seconds += elapsed
+        self._fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS, elapsed)] += 1
 
     def _notify(self, request: _Request, outcome: AppendResult | BaseException) -> None:
         try:

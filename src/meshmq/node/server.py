@@ -10,6 +10,7 @@ and the cluster are put together: neither imports the other's composition.
 from __future__ import annotations
 
 import asyncio
+import gc
 import ipaddress
 import logging
 import os
@@ -18,7 +19,7 @@ import signal
 import tempfile
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshmq.auth.acl import ACLFileError
 from meshmq.auth.passwords import PasswordFileError
@@ -29,11 +30,16 @@ from meshmq.broker.tls import TLSConfigError
 from meshmq.cluster.sockets import MeshError
 from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.cluster.workers import WorkerCluster
-from meshmq.config import BrokerConfig
+from meshmq.config import BrokerConfig, redact_url
 from meshmq.log.errors import LogConfigError, LogError
 from meshmq.logsetup import kv
+from meshmq.node.admin import AdminError
+from meshmq.node.admin.views import WorkerViews
 from meshmq.node.reload import ConfigReloader, ConfigSource
 from meshmq.node.webhooks import CLOSE_GRACE, Webhooks
+
+if TYPE_CHECKING:
+    from meshmq.node.admin.app import AdminServer
 
 log = logging.getLogger("meshmq.server")
 
@@ -97,6 +103,8 @@ class BrokerServer:
         self.listeners: Listeners | None = None
         self.webhooks: Webhooks | None = None  # statistics() for $SYS and the admin plane
         self.webhook_task: asyncio.Task[None] | None = None
+        self.views: WorkerViews | None = None
+        self.admin: AdminServer | None = None  # admin.listen set, here (aiohttp loaded)
 
     async def start(self) -> None:
         cfg = self.config.server
@@ -115,7 +123,11 @@ class BrokerServer:
             await cluster.start()  # linked to every peer before the state is restored
             broker.start()
             cluster.started()
+        views = self.views = WorkerViews(broker, self.cluster)
+        if self.cluster is not None:
+            self.cluster.admin.answer = views.answer  # every worker answers admin queries
         listeners = self.listeners = Listeners(self.config, broker, self.worker is not None)
+        views.listeners = listeners
         wide = [bind for bind in listeners.binds() if not _is_loopback(bind)]
         if self.config.auth.allow_anonymous and wide and (
                 self.worker is None or self.worker.index == 0):  # one warning per node
@@ -127,9 +139,13 @@ class BrokerServer:
         self.port = listeners.port("tcp")
         log.info("listening bind=%s port=%d %sdata_dir=%s", cfg.bind, self.port,
                  f"{listeners.describe()} " if listeners.describe() else "", cfg.data_dir)
+        await self._start_admin(views)
         if cfg.port_file and self.worker is None:  # workers: the supervisor writes it
+            text = listeners.port_file_text()
+            if self.admin is not None:
+                text += f"admin={self.admin.port}\n"
             tmp = f"{cfg.port_file}.tmp"
-            Path(tmp).write_text(listeners.port_file_text())
+            Path(tmp).write_text(text)
             os.replace(tmp, cfg.port_file)  # readers never see a half-written file
 
     def start_webhooks(self, broker: Broker) -> None:
@@ -139,8 +155,22 @@ class BrokerServer:
         webhooks = self.webhooks = Webhooks(self.config.hooks, broker.index)
         broker.events = webhooks
         self.webhook_task = asyncio.get_running_loop().create_task(webhooks.run())
-        log.info("webhooks on", extra=kv(url=self.config.hooks.url,
+        log.info("webhooks on", extra=kv(url=redact_url(self.config.hooks.url),
                                          events=",".join(sorted(webhooks.cfg.event_names))))
+
+    async def _start_admin(self, views: WorkerViews) -> None:
+        """The admin listener, in the single process or worker 0 (docs/operations.md: the
+        supervisor runs no event loop; worker 0 already adds up the node's $SYS figures)."""
+        if not self.config.admin.listen or (self.worker is not None and self.worker.index):
+            return
+        from meshmq.node.admin.app import AdminServer  # aiohttp only where it serves
+        from meshmq.node.admin.views import NodeViews
+
+        state = Path(self.config.server.data_dir) / "admin" / "counters.json"
+        self.admin = AdminServer(self.config.admin, NodeViews(views, self.cluster), state,
+                                 shared_port=self.worker is not None)
+        await self.admin.start()
+        gc.freeze()  # aiohttp's and prometheus-client's modules too (broker.GC_THRESHOLDS)
 
     def reload(self) -> None:
         """SIGHUP: apply what the configuration file changed and may change now
@@ -163,6 +193,8 @@ class BrokerServer:
             self.broker.reconfigure(config)
 
     async def stop(self) -> None:
+        if self.admin is not None:
+            await self.admin.stop()
         if self.listeners is not None:
             self.listeners.close()
         if self.broker is not None:
@@ -218,6 +250,10 @@ async def serve(
     except ListenerError as exc:
         log.error("%s", exc)
         return 1
+    except AdminError as exc:
+        log.error("%s", exc)
+        await server.stop()
+        return exc.status
     except LogError as exc:
         log.error("cannot open the commit log: %s (%s)", exc, exc.remedy(config.server.data_dir))
         return 1

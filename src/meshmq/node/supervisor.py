@@ -58,7 +58,7 @@ from meshmq.broker.listeners import listener_specs
 from meshmq.broker.persistence import parse_fsync_rules
 from meshmq.broker.tls import TLSConfigError, build_server_context
 from meshmq.cluster.spec import WorkerSpec, share_node_limits
-from meshmq.config import BrokerConfig
+from meshmq.config import BrokerConfig, split_listen
 from meshmq.log.commit_log import lock_node_log
 from meshmq.log.errors import LogConfigError, LogError
 from meshmq.logsetup import set_worker
@@ -103,11 +103,26 @@ def reserve_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socke
             sockets.append(sock)
             taken[(family, *sock.getsockname()[:2])] = spec.name
             ports[spec.name] = sock.getsockname()[1]
+        config = _reserve_admin(config, sockets)
     except BaseException:
         for sock in sockets:
             sock.close()
         raise
     return with_ports(config, ports), sockets
+
+
+def _reserve_admin(config: BrokerConfig, sockets: list[socket.socket]) -> BrokerConfig:
+    """Hold the admin listener's port as the MQTT ones are: worker 0 serves it (node/admin/),
+    and it stays ours, with the same number, while worker 0 restarts."""
+    if not config.admin.listen:
+        return config
+    host, port = split_listen(config.admin.listen)
+    family, address = _resolve("admin", host, port)
+    sock = _reserve("admin", host, port, family, address)
+    sockets.append(sock)
+    listen = f"[{host}]" if ":" in host else host
+    admin = dataclasses.replace(config.admin, listen=f"{listen}:{sock.getsockname()[1]}")
+    return dataclasses.replace(config, admin=admin)
 
 
 def _resolve(name: str, bind: str, port: int) -> tuple[int, tuple[object, ...]]:
@@ -178,6 +193,8 @@ def port_file_text(config: BrokerConfig) -> str:
     """The port file (as ``Listeners.port_file_text``): the TCP port, then ``name=port``."""
     specs = listener_specs(config)
     lines = [str(config.server.port)] + [f"{spec.name}={spec.port}" for spec in specs]
+    if config.admin.listen:
+        lines.append(f"admin={split_listen(config.admin.listen)[1]}")
     return "\n".join(lines) + "\n"
 
 

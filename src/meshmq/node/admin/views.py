@@ -1,0 +1,150 @@
+"""What each worker answers, and the node's answer put together from all of them.
+
+``WorkerViews.answer(query, args)`` runs on every worker: it reads that worker's broker through
+broker/queries.py (and its log and mesh for the metrics, collect.py) and returns JSON-ready
+data. The worker that serves the admin listener answers for itself directly and asks the others
+over the mesh (cluster/admin.py); ``NodeViews.ask`` returns every worker's answer by index, and
+the HTTP handlers (app.py) merge them. A single-process node is a node of one worker.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from meshmq import __version__
+from meshmq.broker import queries
+from meshmq.broker.message import Message
+from meshmq.cluster.admin import QueryFailed
+from meshmq.node.admin.collect import own_log, worker_samples
+
+if TYPE_CHECKING:
+    from meshmq.broker.broker import Broker
+    from meshmq.broker.listeners import Listeners
+    from meshmq.cluster.workers import WorkerCluster
+
+
+class WorkerViews:
+    """One worker's answers to the admin queries (``answer``)."""
+
+    def __init__(self, broker: Broker, cluster: WorkerCluster | None) -> None:
+        self.broker = broker
+        self.cluster = cluster
+        self.listeners: Listeners | None = None  # once they listen
+        self.started = time.time()
+        self._queries: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "metrics": lambda args: worker_samples(broker, cluster, self.listeners),
+            "worker": lambda args: self.worker(),
+            "clients": lambda args: queries.clients(broker),
+            "kick": lambda args: queries.kick(broker, args["client_id"]),
+            "sessions": lambda args: queries.sessions(broker),
+            "session": lambda args: queries.session_detail(broker, args["client_id"]),
+            "delete_session": lambda args: queries.delete_session(broker, args["client_id"]),
+            "subscriptions": lambda args: queries.subscriptions(broker),
+            "match": lambda args: queries.matching(broker, args["topic"]),
+            "retained": lambda args: queries.retained(broker, args["filter"]),
+            "partitions": lambda args: self.partitions(),
+            "segments": lambda args: self.segments(args["partition"]),
+            "cursors": lambda args: self.cursors(),
+        }
+
+    def answer(self, query: str, args: dict[str, Any]) -> Any:
+        view = self._queries.get(query)
+        if view is None:
+            raise KeyError(f"no admin query {query!r}")
+        return view(args)
+
+    def worker(self) -> dict[str, Any]:
+        broker = self.broker
+        listeners = self.listeners
+        return {
+            "index": broker.index or 0, "pid": os.getpid(), "started": round(self.started, 3),
+            "clients": len(queries.clients(broker)), "sessions": len(broker.sessions),
+            "listeners": [] if listeners is None else [
+                {"name": item.spec.name, "bind": item.spec.bind, "port": item.port,
+                 "path": item.spec.path} for item in listeners.listeners],
+            "leads": [] if (log := own_log(broker, self.cluster)) is None else list(log.owned),
+        }
+
+    def partitions(self) -> list[dict[str, Any]]:
+        """The partitions this worker leads."""
+        log = own_log(self.broker, self.cluster)
+        if log is None:
+            return []
+        settings = self.broker.config.log
+        rows = []
+        for partition, stats in zip(log.owned, log.commit_log.statistics().partitions,
+                                    strict=True):
+            rows.append({
+                "partition": partition, "leader": self.broker.index or 0,
+                "earliest_offset": stats.earliest_offset,
+                "next_offset": stats.next_offset,
+                "high_watermark": log.high_watermark[partition],
+                "segments": stats.segments, "size_bytes": stats.size_bytes,
+                "retention_bytes": settings.retention_bytes,
+                "retention_ms": settings.retention_ms,
+            })
+        return rows
+
+    def segments(self, partition: int) -> list[dict[str, Any]] | None:
+        """The segment files of ``partition``, if this worker leads it (else None)."""
+        log = own_log(self.broker, self.cluster)
+        if log is None or partition not in log.owned:
+            return None
+        directory = Path(log.commit_log.partition(partition).directory)
+        rows = []
+        for path in sorted(directory.glob("*.log")):
+            rows.append({"base_offset": int(path.stem), "size_bytes": path.stat().st_size,
+                         "file": path.name})
+        return rows
+
+    def cursors(self) -> list[dict[str, Any]]:
+        broker = self.broker
+        rows = []
+        for session in broker.sessions.values():
+            cursor = queries.cursor(broker, session)
+            if cursor is None:
+                continue
+            lag = sum(row["lag"] for row in cursor)
+            rows.append({"client_id": session.client_id, "online": session.client is not None,
+                         "lag": lag, "cursor": cursor})
+        return rows
+
+
+class NodeViews:
+    """The node's answers: this worker's, and the other workers' over the mesh."""
+
+    def __init__(self, local: WorkerViews, cluster: WorkerCluster | None) -> None:
+        self.local = local
+        self.cluster = cluster
+        self.index = local.broker.index or 0
+        self.workers = 1 if cluster is None else cluster.worker.count
+        self.started = time.time()
+
+    async def ask(self, query: str, **args: Any) -> dict[int, Any]:
+        """Every worker's answer to ``query`` by index; a worker missing or failing is
+        absent (a failure on this worker raises, as a bug should)."""
+        answers: dict[int, Any] = {}
+        if self.cluster is not None:
+            peers = [i for i in range(self.workers) if i != self.index]
+            asked = await self.cluster.admin.ask(peers, query, args)
+            answers.update({i: a for i, a in asked.items() if not isinstance(a, QueryFailed)})
+        answers[self.index] = self.local.answer(query, args)
+        return dict(sorted(answers.items()))
+
+    async def merged(self, query: str, **args: Any) -> list[Any]:
+        """The answers of every worker to a list query, concatenated."""
+        return [row for rows in (await self.ask(query, **args)).values() for row in rows]
+
+    def delete_retained(self, topic: str) -> None:
+        """Clear ``topic``'s retained message at its owner (an empty retained message in the
+        store, MQTT-3.3.1-6; it is not published to subscribers)."""
+        broker = self.local.broker
+        now = broker.loop.time()
+        broker.retained.keep(Message(topic, b"", 0, True, None, None, now), None)
+
+    def version(self) -> str:
+        return __version__
