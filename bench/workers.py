@@ -264,7 +264,8 @@ def print_tables(args: argparse.Namespace, scaling: workers.ScalingResults,
     if append_rows:
         print(f"\nAppend cost (Python placed client, {args.pairs} pairs, QoS 1 publish and "
               "subscription, log on, fsync always, MQTT 5.0; broker CPU per delivered message, "
-              "medians; the leader of every partition: worker 0 today)")
+              "medians; clients placed relative to their topic's partition leader, partition p "
+              "on worker p mod 2)")
         print(workers.render_link(append_rows))
         if a_cost["append_us"] is not None:
             paired = appendcost.paired_append_costs(append)
