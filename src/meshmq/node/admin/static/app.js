@@ -72,6 +72,10 @@ function drawChart(svg, series) {
   const label = svgElement("text", { x: 4, y: top + 10, class: "axis" });
   label.textContent = rate(max);
   children.push(label);
+  const zero = svgElement("text", { x: width - 4, y: height - bottom - 3, class: "axis",
+                                     "text-anchor": "end" });
+  zero.textContent = "0";
+  children.push(zero);
   const points = Math.max(0, ...series.map((s) => s.values.length));
   const window = Math.min(HISTORY, Math.max(MIN_WINDOW, points));
   const ago = svgElement("text", { x: 4, y: height - 4, class: "axis" });
@@ -89,6 +93,7 @@ function drawChart(svg, series) {
     });
     const line = svgElement("path", { d: path.join(" "), stroke: s.color, id: s.id });
     if (s.dashed) line.setAttribute("stroke-dasharray", "6 4");
+    if (s.wide) line.style.strokeWidth = "4";  // (the stylesheet beats an attribute)
     children.push(line);
   }
   svg.replaceChildren(...children);
@@ -118,10 +123,12 @@ async function overview() {
   $("#in-rate").textContent = rate(point.inRate);
   $("#out-rate").textContent = rate(point.outRate);
   const style = getComputedStyle(document.documentElement);
-  drawChart($("#rate-chart"), [  // "in" on top, "out" dashed below it: often the same
+  drawChart($("#rate-chart"), [  // "in" wide below, "out" dashed over it: often the same, and
+    // then both stay visible (the blue of "in" between the dashes of "out")
+    { id: "line-in", color: style.getPropertyValue("--in"), wide: true,
+      values: state.history.map((p) => p.inRate) },
     { id: "line-out", color: style.getPropertyValue("--out"), dashed: true,
       values: state.history.map((p) => p.outRate) },
-    { id: "line-in", color: style.getPropertyValue("--in"), values: state.history.map((p) => p.inRate) },
   ]);
   drawChart($("#conn-chart"), [
     { id: "line-conn", color: style.getPropertyValue("--conn"), values: state.history.map((p) => p.connections) },
