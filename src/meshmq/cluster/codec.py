@@ -25,6 +25,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 from meshmq.broker.wire import Reader, WireError
 from meshmq.broker.wire import Writer as _WireWriter
@@ -181,32 +182,66 @@ class Forward:
         return cls(groups, _rest(body, reader))
 
 
-AppendEntry = tuple[int, str, bytes]  # (request id, publisher's client id, message body)
+class AppendEntry(NamedTuple):
+    """One publish of an APPEND."""
+
+    request_id: int
+    client_id: str  # the publisher's
+    message: bytes  # its body (broker/wire.py)
+
+
+_ENTRY = struct.Struct(">QH")  # request id, client id length
+_ANSWER = struct.Struct(">QBIQIB")  # request id, status, partition, offset, receivers, local?
+_COUNT = struct.Struct(">I")
 
 
 @dataclass(frozen=True, slots=True)
 class Append:
     """Request to a partition's leader: persist these publishes, route each once durable (the
-    appends of one loop turn for one leader travel together)."""
+    appends of one loop turn for one leader travel together). Hot: one entry per persisted
+    publish that crosses, so its encoding is written with one ``struct`` per field group."""
 
     entries: list[AppendEntry]
 
     def encode(self) -> bytes:
-        writer = Writer().u32(len(self.entries))
+        parts = [_COUNT.pack(len(self.entries))]
+        append, entry, count = parts.append, _ENTRY.pack, _COUNT.pack
         for request_id, client_id, message in self.entries:
-            writer.u64(request_id).text(client_id).blob(message)
-        return writer.frame(FrameType.APPEND)
+            sender = client_id.encode("utf-8")
+            append(entry(request_id, len(sender)))
+            append(sender)
+            append(count(len(message)))
+            append(message)
+        body = b"".join(parts)
+        return _HEADER.pack(len(body) + 1, FrameType.APPEND) + body
 
     @classmethod
     def decode(cls, body: bytes) -> Append:
-        reader = Reader(body)
-        entries = [(reader.u64(), reader.text(), reader.blob()) for _ in range(reader.u32())]
-        reader.end()
+        try:
+            (number,) = _COUNT.unpack_from(body, 0)
+            pos, size, entries = 4, len(body), []
+            unpack_entry, unpack_count = _ENTRY.unpack_from, _COUNT.unpack_from
+            for _ in range(number):
+                request_id, length = unpack_entry(body, pos)
+                pos += 10
+                client_id = body[pos:pos + length].decode("utf-8")
+                pos += length
+                (length,) = unpack_count(body, pos)
+                pos += 4
+                if pos + length > size:
+                    raise WireError("body ends early")
+                entries.append(AppendEntry(request_id, client_id, body[pos:pos + length]))
+                pos += length
+        except struct.error:
+            raise WireError("body ends early") from None
+        except UnicodeDecodeError:
+            raise WireError("string is not UTF-8") from None
+        if pos != size:
+            raise WireError("trailing bytes after the body")
         return cls(entries)
 
 
-@dataclass(frozen=True, slots=True)
-class AppendAnswer:
+class AppendAnswer(NamedTuple):
     """One publish of an APPEND: stored (status 0) at ``partition``/``offset`` and routed to
     ``receivers`` by the leader, or refused with reason code ``status``. ``local``: the
     leader did not forward it to the requester, which delivers it to its own subscribers,
@@ -222,35 +257,52 @@ class AppendAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Appended:
-    """Answers to APPEND entries (those of one loop turn for one requester travel together)."""
+    """Answers to APPEND entries (those of one loop turn for one requester travel together);
+    as hot as ``Append``, and written the same way."""
 
     answers: list[AppendAnswer]
 
     def encode(self) -> bytes:
-        writer = Writer().u32(len(self.answers))
-        for a in self.answers:
-            writer.u64(a.request_id).u8(a.status).u32(a.partition).u64(a.offset)
-            writer.u32(a.receivers)
-            if a.local is None:
-                writer.u8(0)
+        parts = [_COUNT.pack(len(self.answers))]
+        append, answer = parts.append, _ANSWER.pack
+        for request_id, status, partition, offset, receivers, local in self.answers:
+            if local is None:
+                append(answer(request_id, status, partition, offset, receivers, 0))
+            elif not local:
+                append(answer(request_id, status, partition, offset, receivers, 1))
+                append(b"\x00\x00\x00\x00")
             else:
-                writer.u8(1).u32(len(a.local))
-                for name, topic_filter in a.local:
+                append(answer(request_id, status, partition, offset, receivers, 1))
+                writer = Writer().u32(len(local))
+                for name, topic_filter in local:
                     writer.text(name).text(topic_filter)
-        return writer.frame(FrameType.APPENDED)
+                append(writer.bytes())
+        body = b"".join(parts)
+        return _HEADER.pack(len(body) + 1, FrameType.APPENDED) + body
 
     @classmethod
     def decode(cls, body: bytes) -> Appended:
-        reader = Reader(body)
-        answers = []
-        for _ in range(reader.u32()):
-            request_id, status, partition = reader.u64(), reader.u8(), reader.u32()
-            offset, receivers, has_local = reader.u64(), reader.u32(), reader.u8()
-            local = [(reader.text(), reader.text()) for _ in range(reader.u32())] \
-                if has_local else None
-            answers.append(AppendAnswer(request_id, status, partition, offset, receivers,
-                                        local))
-        reader.end()
+        try:
+            (number,) = _COUNT.unpack_from(body, 0)
+            pos, answers, unpack = 4, [], _ANSWER.unpack_from
+            for _ in range(number):
+                request_id, status, partition, offset, receivers, has_local = unpack(body, pos)
+                pos += 26
+                local: list[GroupKey] | None = None
+                if has_local:
+                    if body[pos:pos + 4] == b"\x00\x00\x00\x00":  # the common case
+                        local = []
+                        pos += 4
+                    else:
+                        reader = Reader(body, pos)
+                        local = [(reader.text(), reader.text()) for _ in range(reader.u32())]
+                        pos = reader.pos
+                answers.append(AppendAnswer(request_id, status, partition, offset, receivers,
+                                            local))
+        except struct.error:
+            raise WireError("body ends early") from None
+        if pos != len(body):
+            raise WireError("trailing bytes after the body")
         return cls(answers)
 
 

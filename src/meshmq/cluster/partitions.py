@@ -145,7 +145,7 @@ class PartitionedLog(LogAccess):
         outbox = self._outbox.get(leader)
         if outbox is None:
             outbox = self._outbox[leader] = []
-        outbox.append((request_id, client_id, self.encode(message)))
+        outbox.append(AppendEntry(request_id, client_id, self.encode(message)))
         self.mesh.wake()
         if len(self._deadlines) == 1:
             self.mesh.io.schedule(deadline)
