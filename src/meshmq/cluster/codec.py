@@ -193,6 +193,7 @@ class AppendEntry(NamedTuple):
 _ENTRY = struct.Struct(">QH")  # request id, client id length
 _ANSWER = struct.Struct(">QBIQIB")  # request id, status, partition, offset, receivers, local?
 _COUNT = struct.Struct(">I")
+_new = tuple.__new__  # a named tuple from its fields, without its Python-level __new__ (hot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +231,7 @@ class Append:
                 pos += 4
                 if pos + length > size:
                     raise WireError("body ends early")
-                entries.append(AppendEntry(request_id, client_id, body[pos:pos + length]))
+                entries.append(_new(AppendEntry, (request_id, client_id, body[pos:pos + length])))
                 pos += length
         except struct.error:
             raise WireError("body ends early") from None
@@ -297,8 +298,8 @@ class Appended:
                         reader = Reader(body, pos)
                         local = [(reader.text(), reader.text()) for _ in range(reader.u32())]
                         pos = reader.pos
-                answers.append(AppendAnswer(request_id, status, partition, offset, receivers,
-                                            local))
+                answers.append(_new(AppendAnswer, (request_id, status, partition, offset,
+                                                   receivers, local)))
         except struct.error:
             raise WireError("body ends early") from None
         if pos != len(body):

@@ -88,7 +88,6 @@ class _Pending:
 
     leader: int
     partition: int
-    deadline: float
     done: Completion
 
 
@@ -111,7 +110,8 @@ class PartitionedLog(LogAccess):
         self.counters = {"appends_forwarded": 0, "appends_served": 0, "appends_refused": 0}
         self._next_request = 1
         self._pending: dict[int, _Pending] = {}  # appends waiting for their leader's answer
-        self._deadlines: deque[tuple[float, int]] = deque()  # in the order they were sent
+        # (deadline, last request id) per APPEND frame sent, in the order they were sent
+        self._deadlines: deque[tuple[float, int]] = deque()
         self._outbox: dict[int, list[AppendEntry]] = {}  # this turn's appends, per leader
         self._answers: dict[int, list[AppendAnswer]] = {}  # this turn's answers, per peer
         mesh.handle(FrameType.APPEND, self._on_append)
@@ -139,16 +139,12 @@ class PartitionedLog(LogAccess):
             return True
         request_id = self._next_request
         self._next_request += 1
-        deadline = self.loop.time() + APPEND_TIMEOUT
-        self._pending[request_id] = _Pending(leader, partition, deadline, done)
-        self._deadlines.append((deadline, request_id))
+        self._pending[request_id] = _Pending(leader, partition, done)
         outbox = self._outbox.get(leader)
         if outbox is None:
             outbox = self._outbox[leader] = []
         outbox.append(AppendEntry(request_id, client_id, self.encode(message)))
         self.mesh.wake()
-        if len(self._deadlines) == 1:
-            self.mesh.io.schedule(deadline)
         self.counters["appends_forwarded"] += 1
         return True
 
@@ -161,6 +157,10 @@ class PartitionedLog(LogAccess):
             if not self.mesh.send(leader, Append(entries).encode()):
                 for request_id, _, _ in entries:
                     self._fail(request_id, "its leader went down")
+        deadline = self.mesh.io.now() + APPEND_TIMEOUT  # one for this turn's frames
+        self._deadlines.append((deadline, self._next_request - 1))
+        if len(self._deadlines) == 1:
+            self.mesh.io.schedule(deadline)
 
     def _on_appended(self, peer: int, frame: Appended) -> None:
         for answer in frame.answers:
@@ -190,17 +190,24 @@ class PartitionedLog(LogAccess):
         self._outbox.pop(peer, None)
 
     def _expire(self, now: float) -> None:
+        """Fail the appends of every frame sent ``APPEND_TIMEOUT`` ago that are unanswered
+        (``_pending`` is in request id order: the oldest come first)."""
         deadlines = self._deadlines
         while deadlines:
-            deadline, request_id = deadlines[0]
-            if request_id not in self._pending:
-                deadlines.popleft()
-                continue
-            if deadline > now:
+            deadline, last = deadlines[0]
+            if deadline > now and self._pending and next(iter(self._pending)) <= last:
                 self.mesh.io.schedule(deadline)
                 return
             deadlines.popleft()
-            self._fail(request_id, f"no answer from its leader within {APPEND_TIMEOUT:.0f} s")
+            if deadline > now:
+                continue  # all of that frame's appends are answered
+            overdue = []
+            for request_id in self._pending:
+                if request_id > last:
+                    break
+                overdue.append(request_id)
+            for request_id in overdue:
+                self._fail(request_id, f"no answer from its leader within {APPEND_TIMEOUT:.0f} s")
 
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
         if self.leadership.leads(partition):
