@@ -20,7 +20,7 @@ from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
 from meshmq.mqtt.packets import Puback, Publish
 from meshmq.mqtt.properties import PropertyId
-from rawclient import RawClient
+from rawclient import ConnectionClosed, RawClient
 
 PUBLISHERS = 4
 WINDOW = 16
@@ -44,7 +44,7 @@ def publish_until_killed(port: int, name: str, acked: set[bytes], lock: threadin
                          worker: int | None = None) -> None:
     try:
         client = connect_to(port, name, worker)
-    except (OSError, ConnectionError):
+    except (OSError, ConnectionError, ConnectionClosed):
         return
     try:
         sent: dict[int, bytes] = {}
@@ -61,7 +61,8 @@ def publish_until_killed(port: int, name: str, acked: set[bytes], lock: threadin
             assert ack.reason_code < 0x80
             with lock:
                 acked.add(sent.pop(ack.packet_id))
-    except (OSError, AssertionError, EOFError, ConnectionError, TimeoutError):
+    except (OSError, AssertionError, EOFError, ConnectionError, ConnectionClosed,
+            TimeoutError):
         return  # the broker was killed
     finally:
         client.close()
