@@ -193,6 +193,37 @@ def test_submit_nowait_raises_when_full(tmp_path: Path) -> None:
     log.close()
 
 
+def test_submit_many_queues_what_fits_in_order_and_says_how_many(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path, LogConfig(partitions=1))
+    entered, release = threading.Event(), threading.Event()
+
+    def blocking(outcome: AppendResult | BaseException) -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    callbacks = Callbacks()
+    writer = LogWriter(log, queue_size=3, fsync_policy="never")
+    writer.submit(record("a", 0), blocking)
+    assert entered.wait(WAIT)  # the writer is busy: the queue fills
+    batch = [(record("b", i), callbacks.for_label(i), None) for i in range(5)]
+    assert writer.submit_many_nowait(batch) == 3  # the room there was, the first three
+    assert writer.submit_many_nowait(batch[3:]) == 0
+    release.set()
+    callbacks.expected = 3
+    assert callbacks.all_done.wait(WAIT)
+    assert sorted(callbacks.outcomes) == [0, 1, 2]
+    offsets = [callbacks.outcomes[i][0].offset for i in range(3)]  # type: ignore[union-attr]
+    assert offsets == sorted(offsets) and offsets[0] == 1  # after the blocking one, in order
+    assert writer.submit_many_nowait(batch[3:]) == 2  # room again
+    writer.close()
+    assert callbacks.count == 5
+    assert [r.payload for r in log.read(0, 0, max_records=10)] == [
+        b"a:0", b"b:0", b"b:1", b"b:2", b"b:3", b"b:4"]
+    with pytest.raises(LogClosed):
+        writer.submit_many_nowait(batch)
+    log.close()
+
+
 def test_fsync_failure_fails_the_group_and_everything_after(tmp_path: Path) -> None:
     failing = threading.Event()
 

@@ -123,17 +123,29 @@ class Persistence(LogAccess):
 
         Returns False, without calling ``done``, when the writer's queue is full.
         """
-        record = Record.new(
-            message.topic, message.payload, int(time.time() * 1000), qos=message.qos,
-            retain=message.retain, properties=message.encoded_properties(), client_id=client_id,
-        )
         try:
-            self.writer.submit_nowait(
-                record, partial(self._completed, done), self._policy_for(message.topic)
-            )
+            self.writer.submit_nowait(*self._request(message, client_id, done,
+                                                     int(time.time() * 1000)))
         except queue.Full:
             return False
         return True
+
+    def append_many(self, publishes: list[tuple[Message, str, Completion]]) -> int:
+        """``append`` for each (message, client id, done) in order, under one lock round trip
+        of the writer's queue; returns how many were queued (the rest found it full and their
+        ``done`` is never called)."""
+        now_ms = int(time.time() * 1000)
+        return self.writer.submit_many_nowait(
+            [self._request(message, client_id, done, now_ms)
+             for message, client_id, done in publishes])
+
+    def _request(self, message: Message, client_id: str, done: Completion, now_ms: int
+                 ) -> tuple[Record, Callable[[_Outcome], None], FsyncPolicy | None]:
+        record = Record.new(
+            message.topic, message.payload, now_ms, qos=message.qos, retain=message.retain,
+            properties=message.encoded_properties(), client_id=client_id,
+        )
+        return record, partial(self._completed, done), self._policy_for(message.topic)
 
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
         return self.commit_log.read(partition, offset, max_records=max_records)

@@ -57,7 +57,6 @@ from meshmq.cluster.codec import (
     Appended,
     AppendEntry,
     FrameType,
-    GroupKey,
     Hello,
     Highs,
     Sync,
@@ -264,47 +263,54 @@ class PartitionedLog(LogAccess):
     # ------------------------------------------------------------------ serving peers
 
     def _on_append(self, peer: int, frame: Append) -> None:
+        """Persist a peer's publishes (queued to the writer together), route each once durable,
+        answer each (in this turn's batch)."""
         now = self.loop.time()
+        leadership = self.leadership
+        accepted: list[tuple[Message, str, Completion]] = []
+        request_ids: list[int] = []
         for request_id, client_id, body in frame.entries:
-            self._append_for(peer, request_id, client_id, self.decode(body, now))
+            message = self.decode(body, now)
+            if not leadership.leads(leadership.partition_for(message.topic)):
+                self._answer(peer, AppendAnswer(request_id, ReasonCode.UNSPECIFIED_ERROR))
+                continue  # the leaders changed under the sender
+            accepted.append((message, client_id, self._durable(peer, request_id, message)))
+            request_ids.append(request_id)
+        queued = self.local.append_many(accepted) if accepted else 0
+        for request_id in request_ids[queued:]:  # the writer's queue is full
+            self._answer(peer, AppendAnswer(request_id, ReasonCode.QUOTA_EXCEEDED))
 
-    def _append_for(self, peer: int, request_id: int, client_id: str, message: Message
-                    ) -> None:
-        """Persist a peer's publish, route it once durable, answer (in this turn's batch)."""
-        def answer(status: int, partition: int = 0, offset: int = 0, receivers: int = 0,
-                   local: list[GroupKey] | None = None) -> None:
-            answers = self._answers.get(peer)
-            if answers is None:
-                answers = self._answers[peer] = []
-            answers.append(AppendAnswer(request_id, status, partition, offset, receivers,
-                                        local))
-            self.mesh.wake()
+    def _answer(self, peer: int, answer: AppendAnswer) -> None:
+        answers = self._answers.get(peer)
+        if answers is None:
+            answers = self._answers[peer] = []
+        answers.append(answer)
+        self.mesh.wake()
 
+    def _durable(self, peer: int, request_id: int, message: Message) -> Completion:
+        """What to do once a peer's publish is durable: route it, then answer."""
         def durable(outcome: AppendOutcome) -> None:
             if not isinstance(outcome, Stored) or self.route_stored is None:
                 code = outcome.reason_code if isinstance(outcome, Refused) else (
                     ReasonCode.UNSPECIFIED_ERROR)
                 log.error("append for worker %d failed topic=%r: %s", peer, message.topic,
                           getattr(outcome, "why", "no broker"))
-                return answer(code)
+                return self._answer(peer, AppendAnswer(request_id, code))
             self.counters["appends_served"] += 1
+            partition, offset = outcome.partition, outcome.offset
             if message.retain:  # answered once journaled: forwarded as usual meanwhile
-                self.route_stored(message, outcome, lambda receivers: answer(
-                    0, outcome.partition, outcome.offset, receivers))
+                self.route_stored(message, outcome, lambda receivers: self._answer(
+                    peer, AppendAnswer(request_id, 0, partition, offset, receivers)))
                 return
             mesh = self.mesh
             mesh.local_for, mesh.local_groups = peer, None  # it delivers this one itself
             try:
-                self.route_stored(message, outcome, lambda receivers: answer(
-                    0, outcome.partition, outcome.offset, receivers, mesh.local_groups))
+                self.route_stored(message, outcome, lambda receivers: self._answer(
+                    peer, AppendAnswer(request_id, 0, partition, offset, receivers,
+                                       mesh.local_groups)))
             finally:
                 mesh.local_for = None
-
-        partition = self.leadership.partition_for(message.topic)
-        if not self.leadership.leads(partition):  # the leaders changed under the sender
-            return answer(ReasonCode.UNSPECIFIED_ERROR)
-        if not self.local.append(message, client_id, durable):
-            answer(ReasonCode.QUOTA_EXCEEDED)
+        return durable
 
     def _send_answers(self) -> None:
         if not self._answers:

@@ -41,7 +41,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
@@ -142,6 +142,30 @@ class LogWriter:
                       policy: FsyncPolicy | None = None) -> None:
         """Like ``submit`` but raises ``queue.Full`` at once when the queue is full."""
         self._enqueue(_Request(record, done, policy or self.fsync_policy), False, None)
+
+    def submit_many_nowait(self, requests: Sequence[tuple[Record, DoneCallback,
+                                                          FsyncPolicy | None]]) -> int:
+        """Queue as many of ``requests`` (record, done, policy) as there is room for, in order,
+        under one lock round trip (a batch from another process: an APPEND frame); return how
+        many were queued. The callbacks of the others never fire. ``LogClosed`` after
+        ``close()``. Uses ``queue.Queue``'s ``mutex``/``queue``/``not_empty``, as
+        ``_take_waiting`` does."""
+        if self._closed:
+            raise LogClosed("the log writer is closed")
+        waiting = self._queue
+        default = self.fsync_policy
+        with waiting.mutex:
+            room = len(requests) if waiting.maxsize <= 0 else waiting.maxsize - len(waiting.queue)
+            count = max(0, min(room, len(requests)))
+            put = waiting.queue.append
+            for record, done, policy in requests[:count]:
+                put(_Request(record, done, policy or default))
+            if count:
+                waiting.unfinished_tasks += count
+                waiting.not_empty.notify()
+        if self._finished:  # raced with close(): see _enqueue
+            self._fail_leftovers()
+        return count
 
     def _enqueue(self, request: _Request, block: bool, timeout: float | None) -> None:
         if self._closed:
