@@ -61,12 +61,13 @@ class Stored:
     offset: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StoredElsewhere:
     """Durable at the partition's leader, which routed it to ``receivers`` receivers, except
     to this router when ``local`` is a list: the caller delivers it to its own subscribers,
     serving those shared groups (it has the message already; the leader did not send it
-    back)."""
+    back). Not frozen, though never changed: one is made per publish that crosses to its
+    leader, and a frozen dataclass takes twice as long to make."""
 
     partition: int
     offset: int

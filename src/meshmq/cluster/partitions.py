@@ -40,8 +40,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from meshmq.broker.interfaces import (
     AppendOutcome,
@@ -76,13 +75,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshmq.partitions")
 
+_new = tuple.__new__  # a named tuple from its fields, without its Python-level __new__
 RouteStored = Callable[["Message", Stored, Callable[[int], None]], None]
 Decode = Callable[[bytes, float], "Message"]
 Encode = Callable[["Message"], bytes]
 
 
-@dataclass(slots=True)
-class _Pending:
+class _Pending(NamedTuple):
     """An append waiting for its leader's answer."""
 
     leader: int
@@ -138,11 +137,11 @@ class PartitionedLog(LogAccess):
             return True
         request_id = self._next_request
         self._next_request += 1
-        self._pending[request_id] = _Pending(leader, partition, done)
+        self._pending[request_id] = _new(_Pending, (leader, partition, done))  # hot: no __new__
         outbox = self._outbox.get(leader)
         if outbox is None:
             outbox = self._outbox[leader] = []
-        outbox.append(AppendEntry(request_id, client_id, self.encode(message)))
+        outbox.append(_new(AppendEntry, (request_id, client_id, self.encode(message))))
         self.mesh.wake()
         self.counters["appends_forwarded"] += 1
         return True
@@ -162,18 +161,17 @@ class PartitionedLog(LogAccess):
             self.mesh.io.schedule(deadline)
 
     def _on_appended(self, peer: int, frame: Appended) -> None:
-        for answer in frame.answers:
-            pending = self._pending.pop(answer.request_id, None)
+        waiting = self._pending
+        for request_id, status, partition, offset, receivers, local in frame.answers:
+            pending = waiting.pop(request_id, None)
             if pending is None or pending.leader != peer:
                 continue
-            if answer.status:
-                outcome: AppendOutcome = Refused(answer.status, (
-                    f"partition {pending.partition}: refused by its leader "
-                    f"(0x{answer.status:02X})"))
+            if status:
+                outcome: AppendOutcome = Refused(status, (
+                    f"partition {pending.partition}: refused by its leader (0x{status:02X})"))
             else:
-                self.routed(answer.partition, answer.offset)  # all before it came here first
-                outcome = StoredElsewhere(answer.partition, answer.offset, answer.receivers,
-                                          answer.local)
+                self.routed(partition, offset)  # all before it came here first
+                outcome = StoredElsewhere(partition, offset, receivers, local)
             pending.done(outcome)
 
     def _fail(self, request_id: int, why: str) -> None:
