@@ -20,7 +20,8 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
   restarted) refuses at once: its partitions are offline, the others go on. So nothing is
   delivered before it is durable, and a PUBACK means durable whichever worker the publisher
   is on.
-* **Serving appends** (``APPEND`` from a peer): the same local append, then the broker's
+* **Serving appends** (``APPEND`` from a peer): the same local append (a frame's publishes
+  go to the writer's queue in one call), then the broker's
   ``route_stored`` routes it and stores it as retained if flagged; the answer carries where it
   was stored and to how many receivers it went.
 * **Reading.** Partitions led here are read from the open log; the others from their files
