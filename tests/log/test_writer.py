@@ -169,7 +169,10 @@ def test_close_drains_the_queue_and_later_submits_fail(tmp_path: Path) -> None:
     log.close()
 
 
-def test_submit_nowait_raises_when_full(tmp_path: Path) -> None:
+def busy_writer(tmp_path: Path, queue_size: int
+                ) -> tuple[CommitLog, LogWriter, threading.Event]:
+    """A writer stuck in the callback of record ("a", 0) until the returned event is set, so
+    that its queue fills."""
     log = CommitLog(tmp_path, LogConfig(partitions=1))
     entered, release = threading.Event(), threading.Event()
 
@@ -177,10 +180,15 @@ def test_submit_nowait_raises_when_full(tmp_path: Path) -> None:
         entered.set()
         release.wait(WAIT)
 
-    callbacks = Callbacks()
-    writer = LogWriter(log, queue_size=2, fsync_policy="never")
+    writer = LogWriter(log, queue_size=queue_size, fsync_policy="never")
     writer.submit(record("a", 0), blocking)
     assert entered.wait(WAIT)
+    return log, writer, release
+
+
+def test_submit_nowait_raises_when_full(tmp_path: Path) -> None:
+    log, writer, release = busy_writer(tmp_path, 2)
+    callbacks = Callbacks()
     writer.submit_nowait(record("a", 1), callbacks.for_label(1))
     writer.submit_nowait(record("a", 2), callbacks.for_label(2))
     with pytest.raises(queue.Full):
@@ -194,17 +202,8 @@ def test_submit_nowait_raises_when_full(tmp_path: Path) -> None:
 
 
 def test_submit_many_queues_what_fits_in_order_and_says_how_many(tmp_path: Path) -> None:
-    log = CommitLog(tmp_path, LogConfig(partitions=1))
-    entered, release = threading.Event(), threading.Event()
-
-    def blocking(outcome: AppendResult | BaseException) -> None:
-        entered.set()
-        release.wait(WAIT)
-
+    log, writer, release = busy_writer(tmp_path, 3)  # the writer is busy: the queue fills
     callbacks = Callbacks()
-    writer = LogWriter(log, queue_size=3, fsync_policy="never")
-    writer.submit(record("a", 0), blocking)
-    assert entered.wait(WAIT)  # the writer is busy: the queue fills
     batch = [(record("b", i), callbacks.for_label(i), None) for i in range(5)]
     assert writer.submit_many_nowait(batch) == 3  # the room there was, the first three
     assert writer.submit_many_nowait(batch[3:]) == 0
