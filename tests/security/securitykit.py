@@ -42,8 +42,12 @@ class HonestStream:
     broker keeps serving, then ``check(rss_bound_mib)`` after the block.
     """
 
-    def __init__(self, client_factory: Callable, port: int, pid: int, tag: str) -> None:
+    def __init__(self, client_factory: Callable, port: int, pid: int, tag: str,
+                 pace: float = PACE) -> None:
+        """``pace``: seconds between publishes, so at most 1/pace a second, however fast the
+        machine acknowledges (under a per-client rate limit, keep it below the limit)."""
         self.topic = f"honest/stream/{tag}"
+        self.pace = pace
         self.pid = pid
         self.sub = client_factory(f"honest-sub-{tag}", 5)
         self.sub.connect(port)
@@ -78,7 +82,7 @@ class HonestStream:
             self.slowest_ack = max(self.slowest_ack, time.monotonic() - started)
             self.sent += 1
             self.sample_rss()
-            self._stop.wait(PACE)
+            self._stop.wait(self.pace)
 
     def sample_rss(self) -> int:
         rss = rss_kib(self.pid)
