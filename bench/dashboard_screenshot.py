@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -21,33 +20,19 @@ import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+from meshbench.brokers import RunningBroker, free_port, start_meshmq
 
 KEY = "dashboard-key"
-CONFIG = f"""
-[admin]
-listen = "127.0.0.1:0"
-api_key = "{KEY}"
-"""
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--disable-dev-shm-usage", "--window-size=1400,720", "--force-device-scale-factor=1"]
 
 
-def start_node(workdir: Path) -> tuple[subprocess.Popen, int, int]:
-    (workdir / "meshmq.toml").write_text(CONFIG)
-    port_file = workdir / "port"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "meshmq", "serve", "--config", str(workdir / "meshmq.toml"),
-         "--port", "0", "--data-dir", str(workdir / "data"), "--workers", "2",
-         "--port-file", str(port_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not (port_file.exists() and port_file.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the broker did not start")
-        time.sleep(0.1)
-    first, *named = port_file.read_text().split()
-    ports = dict(line.split("=") for line in named)
-    return proc, int(first), int(ports["admin"])
+def start_node(workdir: Path) -> tuple[RunningBroker, int]:
+    """A node of 2 workers with the admin listener on a free port: (node, admin port)."""
+    admin = free_port()
+    node = start_meshmq(workdir, {"server.workers": 2, "admin.listen": f"127.0.0.1:{admin}",
+                                  "admin.api_key": KEY}, None)
+    return node, admin
 
 
 def client(port: int, name: str) -> mqtt.Client:
@@ -93,7 +78,8 @@ def main() -> int:
     from selenium.webdriver.common.by import By
 
     with tempfile.TemporaryDirectory() as tmp:
-        proc, port, admin = start_node(Path(tmp))
+        node, admin = start_node(Path(tmp))
+        port = node.port
         stop = threading.Event()
         subscribers = [client(port, "dashboard-all"), client(port, "dashboard-zero")]
         subscribers[0].subscribe("live/#", qos=1)
@@ -120,8 +106,7 @@ def main() -> int:
             driver.quit()
             for c in subscribers:
                 c.disconnect()
-            proc.terminate()
-            proc.wait(30)
+            node.stop()
     print(f"wrote {args.out}")
     return 0
 

@@ -9,9 +9,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from paho.mqtt.packettypes import PacketTypes
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import BrokerProcess, wait_for
+from conftest import BrokerProcess, props, wait_for
 
 KEY = "s3cret-key"
 ADMIN = f"""
@@ -19,6 +20,7 @@ ADMIN = f"""
 listen = "127.0.0.1:0"
 api_key = "{KEY}"
 """
+PERSISTENT = props(PacketTypes.CONNECT, SessionExpiryInterval=3600)  # a CONNECT's properties
 RESTARTED = re.compile(r"worker restarted index=(\d+) pid=(\d+)")
 
 
@@ -82,3 +84,15 @@ def _worker_of(broker: BrokerProcess, client_id: str) -> tuple[int] | None:
     reply = http(broker.port_of("admin"), "GET",
                  f"/api/v1/clients/{urllib.request.quote(client_id, safe='')}")
     return (reply.body["worker"],) if reply.status == 200 else None
+
+
+def offline_session(broker: BrokerProcess, client_factory: Any, client_id: str,
+                    topic_filter: str) -> None:
+    """A persistent session of ``client_id`` subscribed to ``topic_filter`` at QoS 1, its
+    client gone: once the API lists it offline."""
+    client = client_factory(client_id)
+    client.connect(broker.port, clean_start=False, properties=PERSISTENT)
+    client.subscribe(topic_filter, qos=1)
+    client.disconnect()
+    wait_for(lambda: any(row["client_id"] == client_id for row in get(
+        broker, "/api/v1/sessions?state=offline")["data"]), what=f"{client_id} offline")

@@ -7,7 +7,7 @@ import os
 import signal
 from pathlib import Path
 
-from admin_http import ADMIN, RESTARTED, get, http, metrics, total, worker_of
+from admin_http import ADMIN, RESTARTED, get, http, metrics, offline_session, total, worker_of
 
 from conftest import wait_for
 from meshmq.node.admin.metrics import NodeMetrics
@@ -117,19 +117,9 @@ def test_every_metric_is_documented() -> None:
 
 
 def test_drops_stay_counted_after_the_session_ends(broker_factory, client_factory) -> None:
-    from paho.mqtt.packettypes import PacketTypes
-
-    from conftest import props
-
     config = ADMIN + "[log]\nenabled = false\n[session]\nmax_queued_messages = 5\n"
     broker = broker_factory(config, workers=2)
-    sleeper = client_factory("sleeper")
-    sleeper.connect(broker.port, clean_start=False,
-                    properties=props(PacketTypes.CONNECT, SessionExpiryInterval=600))
-    sleeper.subscribe("q/#", qos=1)
-    sleeper.disconnect()
-    wait_for(lambda: get(broker, "/api/v1/sessions?state=offline")["total"] == 1,
-             what="the session offline")
+    offline_session(broker, client_factory, "sleeper", "q/#")
     publisher = client_factory("filler")
     publisher.connect(broker.port)
     for number in range(12):

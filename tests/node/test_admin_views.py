@@ -4,23 +4,15 @@ log (partitions, segments, the slowest cursors), all correct across workers."""
 
 from __future__ import annotations
 
-from admin_http import ADMIN, get, http, metrics, total
-from paho.mqtt.packettypes import PacketTypes
+from admin_http import ADMIN, PERSISTENT, get, http, metrics, offline_session, total
 
-from conftest import props, wait_for
-
-PERSISTENT = props(PacketTypes.CONNECT, SessionExpiryInterval=3600)
+from conftest import wait_for
 
 
 def test_offline_session_cursor_lag_and_delete(broker_factory, client_factory) -> None:
     broker = broker_factory(ADMIN, workers=2)
     port = broker.port_of("admin")
-    sleeper = client_factory("sleeper")
-    sleeper.connect(broker.port, clean_start=False, properties=PERSISTENT)
-    sleeper.subscribe("log/#", qos=1)
-    sleeper.disconnect()
-    wait_for(lambda: get(broker, "/api/v1/sessions?state=offline")["total"] == 1,
-             what="the session offline")
+    offline_session(broker, client_factory, "sleeper", "log/#")
     publisher = client_factory("writer")
     publisher.connect(broker.port)
     for number in range(7):

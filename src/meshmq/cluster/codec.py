@@ -193,7 +193,9 @@ class AppendEntry(NamedTuple):
 _ENTRY = struct.Struct(">QH")  # request id, client id length
 _ANSWER = struct.Struct(">QBIQIB")  # request id, status, partition, offset, receivers, local?
 _COUNT = struct.Struct(">I")
-_new = tuple.__new__  # a named tuple from its fields, without its Python-level __new__ (hot)
+# A named tuple from a tuple of its fields, without its Python-level ``__new__`` (hot paths:
+# ``new_named(AppendEntry, (request_id, client_id, body))``).
+new_named = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +233,9 @@ class Append:
                 pos += 4
                 if pos + length > size:
                     raise WireError("body ends early")
-                entries.append(_new(AppendEntry, (request_id, client_id, body[pos:pos + length])))
+                message = body[pos:pos + length]
                 pos += length
+                entries.append(new_named(AppendEntry, (request_id, client_id, message)))
         except struct.error:
             raise WireError("body ends early") from None
         except UnicodeDecodeError:
@@ -267,13 +270,10 @@ class Appended:
         parts = [_COUNT.pack(len(self.answers))]
         append, answer = parts.append, _ANSWER.pack
         for request_id, status, partition, offset, receivers, local in self.answers:
-            if local is None:
-                append(answer(request_id, status, partition, offset, receivers, 0))
-            elif not local:
-                append(answer(request_id, status, partition, offset, receivers, 1))
+            append(answer(request_id, status, partition, offset, receivers, local is not None))
+            if local == []:  # the common case: the requester's plain subscribers only
                 append(b"\x00\x00\x00\x00")
-            else:
-                append(answer(request_id, status, partition, offset, receivers, 1))
+            elif local is not None:
                 writer = Writer().u32(len(local))
                 for name, topic_filter in local:
                     writer.text(name).text(topic_filter)
@@ -298,8 +298,8 @@ class Appended:
                         reader = Reader(body, pos)
                         local = [(reader.text(), reader.text()) for _ in range(reader.u32())]
                         pos = reader.pos
-                answers.append(_new(AppendAnswer, (request_id, status, partition, offset,
-                                                   receivers, local)))
+                answers.append(new_named(AppendAnswer, (request_id, status, partition, offset,
+                                                        receivers, local)))
         except struct.error:
             raise WireError("body ends early") from None
         if pos != len(body):

@@ -61,6 +61,7 @@ from meshmq.cluster.codec import (
     Highs,
     Sync,
     Synced,
+    new_named,
 )
 from meshmq.log.view import LogView
 from meshmq.mqtt.reason_codes import ReasonCode
@@ -76,7 +77,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshmq.partitions")
 
-_new = tuple.__new__  # a named tuple from its fields, without its Python-level __new__
 RouteStored = Callable[["Message", Stored, Callable[[int], None]], None]
 Decode = Callable[[bytes, float], "Message"]
 Encode = Callable[["Message"], bytes]
@@ -138,11 +138,11 @@ class PartitionedLog(LogAccess):
             return True
         request_id = self._next_request
         self._next_request += 1
-        self._pending[request_id] = _new(_Pending, (leader, partition, done))  # hot: no __new__
+        self._pending[request_id] = new_named(_Pending, (leader, partition, done))
         outbox = self._outbox.get(leader)
         if outbox is None:
             outbox = self._outbox[leader] = []
-        outbox.append(_new(AppendEntry, (request_id, client_id, self.encode(message))))
+        outbox.append(new_named(AppendEntry, (request_id, client_id, self.encode(message))))
         self.mesh.wake()
         self.counters["appends_forwarded"] += 1
         return True
