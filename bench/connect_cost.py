@@ -109,15 +109,20 @@ async def measure(args: argparse.Namespace) -> None:
     elif not args.cpu:
         tracemalloc.start(1)
     snap0 = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
-    cpu0, wall0 = time.process_time(), time.monotonic()
+    use0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
     await until_line(loadgen.stdout, "event ready")
-    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    use1, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - wall0
+    user, system = use1.ru_utime - use0.ru_utime, use1.ru_stime - use0.ru_stime
+    cpu = user + system
     if profiler is not None:
         profiler.disable()
     if args.cpu:
-        print(f"{'floor (uvloop, no broker)' if args.floor else 'meshmq'}: {args.conns} connections"
-              f" in {wall:.2f} s, {1e6 * cpu / args.conns:.1f} us of CPU each"
-              f" ({args.conns / cpu:,.0f} per CPU-second)")
+        n = args.conns
+        faults = (use1.ru_minflt - use0.ru_minflt) / n
+        print(f"{'floor (uvloop, no broker)' if args.floor else 'meshmq'}: {n} connections"
+              f" in {wall:.2f} s, {1e6 * cpu / n:.1f} us of CPU each ({n / cpu:,.0f} per"
+              f" CPU-second; user {1e6 * user / n:.1f} us, kernel {1e6 * system / n:.1f} us;"
+              f" {faults:.2f} page faults)")
     else:
         gc.collect()
         report(args, types0, snap0, profiler)

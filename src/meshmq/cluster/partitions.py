@@ -97,6 +97,10 @@ class PartitionedLog(LogAccess):
                  leadership: Leadership, mesh: Mesh, encode: Encode, decode: Decode) -> None:
         super().__init__(settings)
         self.leadership = leadership
+        self.partition_for = leadership.partitioner.partition_for  # (cached per topic)
+        # The leader of each partition, and this worker's index: asked for every publish.
+        self._leaders = [leadership.leader_of(p) for p in range(leadership.partitions)]
+        self._me = leadership.worker.index
         self.mesh = mesh
         self.loop = loop
         self.encode = encode
@@ -126,10 +130,10 @@ class PartitionedLog(LogAccess):
     # ------------------------------------------------------------------ the core's interface
 
     def append(self, message: Message, client_id: str, done: Completion) -> bool:
-        partition = self.leadership.partition_for(message.topic)
-        if self.leadership.leads(partition):
+        partition = self.partition_for(message.topic)
+        leader = self._leaders[partition]
+        if leader == self._me:
             return self.local.append(message, client_id, done)
-        leader = self.leadership.leader_of(partition)
         if leader not in self.mesh.peers:
             self.counters["appends_refused"] += 1
             self.loop.call_soon(done, Refused(
@@ -163,6 +167,7 @@ class PartitionedLog(LogAccess):
 
     def _on_appended(self, peer: int, frame: Appended) -> None:
         waiting = self._pending
+        high = self.high_watermark
         for request_id, status, partition, offset, receivers, local in frame.answers:
             pending = waiting.pop(request_id, None)
             if pending is None or pending.leader != peer:
@@ -171,7 +176,8 @@ class PartitionedLog(LogAccess):
                 outcome: AppendOutcome = Refused(status, (
                     f"partition {pending.partition}: refused by its leader (0x{status:02X})"))
             else:
-                self.routed(partition, offset)  # all before it came here first
+                if offset >= high[partition]:  # routed there: all before it came here first
+                    high[partition] = offset + 1
                 outcome = StoredElsewhere(partition, offset, receivers, local)
             pending.done(outcome)
 
@@ -265,12 +271,13 @@ class PartitionedLog(LogAccess):
         """Persist a peer's publishes (queued to the writer together), route each once durable,
         answer each (in this turn's batch)."""
         now = self.loop.time()
-        leadership = self.leadership
+        partition_for, leaders, me, decode = (
+            self.partition_for, self._leaders, self._me, self.decode)
         accepted: list[tuple[Message, str, Completion]] = []
         request_ids: list[int] = []
         for request_id, client_id, body in frame.entries:
-            message = self.decode(body, now)
-            if not leadership.leads(leadership.partition_for(message.topic)):
+            message = decode(body, now)
+            if leaders[partition_for(message.topic)] != me:
                 self._answer(peer, AppendAnswer(request_id, ReasonCode.UNSPECIFIED_ERROR))
                 continue  # the leaders changed under the sender
             accepted.append((message, client_id, self._durable(peer, request_id, message)))

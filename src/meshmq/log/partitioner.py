@@ -8,11 +8,18 @@ share a partition, so one device's messages stay in order. A topic with too few 
 hashed whole.
 
     partition = zlib.crc32(key.encode("utf-8")) % partitions
+
+Every publish asks (on its worker, at its partition's leader, and in the writer thread), and a
+fleet publishes on the same topics again and again: answers are kept per topic, for up to
+``CACHE_TOPICS`` topics (then forgotten all at once and learned again). The cache is a plain
+dict, safe to share between threads under the GIL (a race only computes an answer twice).
 """
 
 from __future__ import annotations
 
 import zlib
+
+CACHE_TOPICS = 10_000
 
 
 class Partitioner:
@@ -23,6 +30,7 @@ class Partitioner:
             raise ValueError("partitions must be >= 1")
         self.partitions = partitions
         self.key_level = key_level
+        self._cache: dict[str, int] = {}
 
     def key_for(self, topic: str) -> str:
         """The part of ``topic`` that is hashed."""
@@ -33,4 +41,11 @@ class Partitioner:
 
     def partition_for(self, topic: str) -> int:
         """The partition every record on ``topic`` is appended to."""
-        return zlib.crc32(self.key_for(topic).encode("utf-8")) % self.partitions
+        partition = self._cache.get(topic)
+        if partition is None:
+            cache = self._cache
+            if len(cache) >= CACHE_TOPICS:
+                cache.clear()
+            partition = cache[topic] = (
+                zlib.crc32(self.key_for(topic).encode("utf-8")) % self.partitions)
+        return partition
