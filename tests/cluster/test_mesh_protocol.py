@@ -185,6 +185,20 @@ def test_route_changes_reach_every_peer_and_a_publish_crosses_once() -> None:
     assert c.deliveries == {"s2": [b"one"], "s3": [b"one"]}
 
 
+def test_a_route_added_after_a_publish_on_its_topic_gets_the_next_one() -> None:
+    """The peers of a topic are remembered per topic: a new route must still be heard."""
+    net = Net(3)
+    net.nodes[1].subscribe("s1", "t/1")
+    net.pump()
+    assert net.nodes[0].publish("t/1", b"one") == 1
+    net.nodes[2].subscribe("s2", "t/+")
+    net.pump()
+    assert net.nodes[0].publish("t/1", b"two") == 2
+    net.pump()
+    assert net.nodes[1].deliveries == {"s1": [b"one", b"two"]}
+    assert net.nodes[2].deliveries == {"s2": [b"two"]}
+
+
 def test_a_forwarded_message_is_never_forwarded_again() -> None:
     net = Net(3)
     for node in net.nodes:

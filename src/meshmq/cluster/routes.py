@@ -27,6 +27,7 @@ from meshmq.broker.trie import SubscriptionTrie
 RouteKey = tuple[str, str]  # (group or "", filter)
 RouteChange = tuple[bool, str, str]  # (added, group or "", filter)
 LOCAL = -1  # "this worker" among the candidates of a shared group
+PLAIN_CACHE_TOPICS = 10_000
 
 
 class Routes:
@@ -39,6 +40,8 @@ class Routes:
         self.remote: SubscriptionTrie[int, bool] = SubscriptionTrie()
         self.remote_shared: SubscriptionTrie[str, set[int]] = SubscriptionTrie()
         self._turn: dict[RouteKey, int] = {}
+        # plain_peers per topic, until the peers' plain routes change (every publish asks)
+        self._plain: dict[str, frozenset[int]] = {}
 
     # ------------------------------------------------------------------ ours
 
@@ -97,6 +100,7 @@ class Routes:
         group, topic_filter = key
         if not group:
             self.remote.add(topic_filter, peer, True)
+            self._plain.clear()
             return
         peers = self.remote_shared.get(topic_filter, group)
         if peers is None:
@@ -108,6 +112,7 @@ class Routes:
         group, topic_filter = key
         if not group:
             self.remote.remove(topic_filter, peer)
+            self._plain.clear()
             return
         peers = self.remote_shared.get(topic_filter, group)
         if peers is not None:
@@ -117,12 +122,18 @@ class Routes:
 
     # ------------------------------------------------------------------ routing
 
-    def plain_peers(self, topic: str) -> set[int]:
-        """Peers with a plain route matching ``topic``."""
-        found: set[int] = set()
-        if self.remote.entry_count:
-            for _, peers in self.remote.match(topic):
-                found.update(peers)
+    def plain_peers(self, topic: str) -> frozenset[int]:
+        """Peers with a plain route matching ``topic`` (kept per topic until a peer's plain
+        routes change, for up to ``PLAIN_CACHE_TOPICS`` topics)."""
+        found = self._plain.get(topic)
+        if found is None:
+            peers: set[int] = set()
+            if self.remote.entry_count:
+                for _, matched in self.remote.match(topic):
+                    peers.update(matched)
+            if len(self._plain) >= PLAIN_CACHE_TOPICS:
+                self._plain.clear()
+            found = self._plain[topic] = frozenset(peers)
         return found
 
     def targets(self, topic: str, local_groups: Collection[RouteKey], linked: Collection[int]
