@@ -79,6 +79,31 @@ def test_connack_replaces_the_connect_deadline() -> None:
     assert "c" in run_until(wheel, 31.0, 31.5)
 
 
+def test_an_earlier_connect_deadline_stays_and_files_the_keep_alive_check_when_due() -> None:
+    """CONNACK within the CONNECT timeout, with a longer keep alive: no wheel work then; at
+    the CONNECT deadline the connection is only filed again, and expires at its keep alive."""
+    wheel: KeepAliveWheel[Conn] = KeepAliveWheel()
+    conn = Conn("c")
+    wheel.await_connect(conn, now=0.0, timeout=10.0)
+    slots = dict(wheel._slot_of)
+    conn.last_read, conn.keep_alive_limit = 0.5, 90.0
+    wheel.watch(conn)
+    assert wheel._slot_of == slots  # left where it was
+    assert wheel.expired(10.0) == [] and wheel.next_due() == 90.5  # filed again, not expired
+    assert run_until(wheel, 10.0, 90.45, step=0.05) == {}
+    assert "c" in run_until(wheel, 90.5, 91.0)
+
+
+def test_a_keep_alive_shorter_than_the_connect_deadline_moves_the_check_earlier() -> None:
+    wheel: KeepAliveWheel[Conn] = KeepAliveWheel()
+    conn = Conn("c")
+    wheel.await_connect(conn, now=0.0, timeout=10.0)
+    conn.last_read, conn.keep_alive_limit = 0.5, 3.0
+    wheel.watch(conn)
+    assert wheel.next_due() == 3.5
+    assert set(run_until(wheel, 0.0, 3.8)) == {"c"}
+
+
 def test_excused_silence_restarts_when_the_broker_stopped_reading() -> None:
     """While the broker reads nobody (pause_input), a silent client is not its own fault."""
     wheel: KeepAliveWheel[Conn] = KeepAliveWheel()

@@ -117,8 +117,15 @@ class KeepAliveWheel(TimerWheel[W]):
         self.add(conn, now + timeout)
 
     def watch(self, conn: W) -> None:
-        """CONNACK sent: check ``conn`` for silence from now on (its limit is set)."""
-        self.add(conn, conn.last_read + conn.keep_alive_limit)
+        """CONNACK sent: check ``conn`` for silence from now on (its limit is set).
+
+        A CONNECT deadline due before the keep-alive one stays where it is: when it comes due,
+        ``expired()`` sees the limit and files the connection at its keep-alive deadline. So a
+        connect storm does no wheel work per CONNACK; each connection moves once, later."""
+        deadline = conn.last_read + conn.keep_alive_limit
+        slot = self._slot_of.get(conn)
+        if slot is None or slot * self.resolution > deadline:
+            self.add(conn, deadline)
 
     def expired(self, now: float, excused: bool = False) -> list[W]:
         """The connections past their deadline at ``now``: no CONNECT in time, or silent for
