@@ -20,7 +20,7 @@ with an injected clock); ``WheelTimer`` is the asyncio glue, one loop timer per 
 the earliest slot that holds anything, so an idle broker sleeps until a deadline can be due.
 
 Invariants: every filed item is in exactly one slot and ``_slot_of`` says which; no slot in
-``_slots`` is empty; every slot number in ``_slots`` is also in ``_heap``.
+``_slots`` is empty; every slot number in ``_slots`` is also in ``_heap`` and in ``_numbers``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ class TimerWheel(Generic[T]):
         self._slots: dict[int, dict[T, None]] = {}  # slot -> its items (ordered, no values)
         self._slot_of: dict[T, int] = {}
         self._heap: list[int] = []  # slot numbers, possibly stale (emptied since)
+        # Each slot's number as one int object, which ``_slot_of`` shares among the slot's
+        # items (a slot number is a large int: 32 bytes per connection otherwise).
+        self._numbers: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._slot_of)
@@ -59,11 +62,14 @@ class TimerWheel(Generic[T]):
             return
         if old is not None:
             self._remove(item, old)
-        self._slot_of[item] = slot
         items = self._slots.get(slot)
         if items is None:
             items = self._slots[slot] = {}
+            self._numbers[slot] = slot
             heapq.heappush(self._heap, slot)
+        else:
+            slot = self._numbers[slot]
+        self._slot_of[item] = slot
         items[item] = None
 
     def discard(self, item: T) -> None:
@@ -78,6 +84,7 @@ class TimerWheel(Generic[T]):
         del items[item]
         if not items:
             del self._slots[slot]  # its heap entry goes stale; next_due() skips it
+            del self._numbers[slot]
 
     def next_due(self) -> float | None:
         """When the earliest slot holding anything ends (None: the wheel is empty)."""
@@ -92,8 +99,10 @@ class TimerWheel(Generic[T]):
         heap, slots = self._heap, self._slots
         last = math.floor(now / self.resolution + 1e-9)
         while heap and heap[0] <= last:
-            items = slots.pop(heapq.heappop(heap), None)
+            number = heapq.heappop(heap)
+            items = slots.pop(number, None)
             if items:
+                del self._numbers[number]
                 for item in items:
                     del self._slot_of[item]
                 due.extend(items)

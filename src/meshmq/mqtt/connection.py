@@ -112,6 +112,11 @@ _NO_TOPICS: dict[bytes, str] = {}
 _NO_ALIASES: dict[int, str] = {}
 
 
+# The events of a connection with none pending: shared, never appended to (``receive_data``
+# gives a connection a list of its own first), so an idle client holds no list (56 bytes).
+_NO_EVENTS: list[Packet] = []
+
+
 class ServerConnection:
     """Protocol state of one client connection, as seen by the broker."""
 
@@ -187,7 +192,7 @@ class ServerConnection:
         self._buffer: list[bytes] = []
         self._need = 0
         self._more = False
-        self._events: list[Packet] = []
+        self._events: list[Packet] = _NO_EVENTS
         self._out: list[bytes] = []
         # Bytes queued by ``send_frame`` and not yet taken by ``data_to_send`` (read it, never
         # set it): a plain attribute rather than a property, as it is read per delivery.
@@ -232,7 +237,10 @@ class ServerConnection:
                 raise RemoteProtocolError(f"first byte 0x{data[0]:02X} is not CONNECT")
             limit = self.max_events or -1  # -1: never reached
             parsed = 0
-            add_event = self._events.append
+            events = self._events
+            if events is _NO_EVENTS:
+                events = self._events = []
+            add_event = events.append
             while pos < end:
                 if parsed == limit:
                     self._buffer = [data[pos:end]]  # parsed on the next call
@@ -345,7 +353,7 @@ class ServerConnection:
     def events_received(self) -> list[Packet]:
         """Packets received since the last call, in order; the broker must act on each."""
         events = self._events
-        self._events = []
+        self._events = _NO_EVENTS
         return events
 
     def _accept(self, packet: Packet) -> None:
@@ -492,7 +500,7 @@ class ServerConnection:
         code = exc.reason_code
         if self.state is AWAIT_CONNECT or self.state is CONNECTING:
             # The CONNECT is refused here: the broker must not act on it nor on what follows.
-            self._events = []
+            self._events = _NO_EVENTS
             connect = self.connect
             if connect is not None and connect.protocol_level == MQTT_5:
                 if code not in CONNACK_REASON_CODES:  # e.g. 0x94 from a PUBLISH sent early
