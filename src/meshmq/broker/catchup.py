@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from meshmq.broker.message import Message
 from meshmq.log.errors import OffsetOutOfRange
 from meshmq.log.record import Record
+from meshmq.memo import remember
 from meshmq.mqtt.codec import decode_properties
 from meshmq.mqtt.properties import PacketKind, Properties, PropertyId, get_property
 from meshmq.mqtt.topics import topic_matches
@@ -74,9 +75,7 @@ class CatchUp:
         key = (topic_filter, topic)
         found = self._matched.get(key)
         if found is None:
-            if len(self._matched) >= 10_000:
-                self._matched.clear()
-            found = self._matched[key] = topic_matches(topic_filter, topic)
+            found = remember(self._matched, key, topic_matches(topic_filter, topic))
         return found
 
     # ------------------------------------------------------------------ construction

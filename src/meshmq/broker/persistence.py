@@ -38,6 +38,7 @@ from meshmq.log.config import LogConfig
 from meshmq.log.errors import LogConfigError
 from meshmq.log.record import Record
 from meshmq.log.writer import AppendResult, FsyncPolicy, LogWriter
+from meshmq.memo import remember
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import topic_matches, validate_topic_filter
@@ -63,9 +64,8 @@ class LogAccess:
             return False
         decision = self._cache.get(topic)
         if decision is None:
-            if len(self._cache) >= 10_000:
-                self._cache.clear()
-            decision = self._cache[topic] = any(topic_matches(f, topic) for f in self.filters)
+            decision = remember(self._cache, topic,
+                                any(topic_matches(f, topic) for f in self.filters))
         return decision
 
     def routed(self, partition: int, offset: int) -> None:
@@ -168,13 +168,10 @@ class Persistence(LogAccess):
             return self._policies[topic]  # None is a cached "no rule"
         except KeyError:
             pass
-        if len(self._policies) >= 10_000:
-            self._policies.clear()
-        policy = self._policies[topic] = next(
+        return remember(self._policies, topic, next(
             (rule for pattern, rule in self.fsync_rules if topic_matches(pattern, topic)),
             None,
-        )
-        return policy
+        ))
 
     def _completed(self, done: Completion, outcome: _Outcome) -> None:
         """On the writer thread: queue the completion, wake the loop once per burst.

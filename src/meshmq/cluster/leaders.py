@@ -33,6 +33,7 @@ class Leadership:
         self.partitions = partitions
         self.partitioner = Partitioner(partitions, key_level)
         self.mine = self.led_by(worker.index)
+        self.leaders = [self.leader_of(p) for p in range(partitions)]  # (asked per publish)
 
     def leader_of(self, partition: int) -> int:
         return partition % self.count

@@ -98,8 +98,7 @@ class PartitionedLog(LogAccess):
         super().__init__(settings)
         self.leadership = leadership
         self.partition_for = leadership.partitioner.partition_for  # (cached per topic)
-        # The leader of each partition, and this worker's index: asked for every publish.
-        self._leaders = [leadership.leader_of(p) for p in range(leadership.partitions)]
+        self._leaders = leadership.leaders
         self._me = leadership.worker.index
         self.mesh = mesh
         self.loop = loop
@@ -167,7 +166,6 @@ class PartitionedLog(LogAccess):
 
     def _on_appended(self, peer: int, frame: Appended) -> None:
         waiting = self._pending
-        high = self.high_watermark
         for request_id, status, partition, offset, receivers, local in frame.answers:
             pending = waiting.pop(request_id, None)
             if pending is None or pending.leader != peer:
@@ -176,8 +174,7 @@ class PartitionedLog(LogAccess):
                 outcome: AppendOutcome = Refused(status, (
                     f"partition {pending.partition}: refused by its leader (0x{status:02X})"))
             else:
-                if offset >= high[partition]:  # routed there: all before it came here first
-                    high[partition] = offset + 1
+                self.routed(partition, offset)  # all before it came here first
                 outcome = StoredElsewhere(partition, offset, receivers, local)
             pending.done(outcome)
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from meshmq.broker.trie import SubscriptionTrie
+from meshmq.memo import remember
 
 RouteKey = tuple[str, str]  # (group or "", filter)
 RouteChange = tuple[bool, str, str]  # (added, group or "", filter)
 LOCAL = -1  # "this worker" among the candidates of a shared group
-PLAIN_CACHE_TOPICS = 10_000
 
 
 class Routes:
@@ -124,16 +124,14 @@ class Routes:
 
     def plain_peers(self, topic: str) -> frozenset[int]:
         """Peers with a plain route matching ``topic`` (kept per topic until a peer's plain
-        routes change, for up to ``PLAIN_CACHE_TOPICS`` topics)."""
+        routes change: ``meshmq/memo.py``)."""
         found = self._plain.get(topic)
         if found is None:
             peers: set[int] = set()
             if self.remote.entry_count:
                 for _, matched in self.remote.match(topic):
                     peers.update(matched)
-            if len(self._plain) >= PLAIN_CACHE_TOPICS:
-                self._plain.clear()
-            found = self._plain[topic] = frozenset(peers)
+            found = remember(self._plain, topic, frozenset(peers))
         return found
 
     def targets(self, topic: str, local_groups: Collection[RouteKey], linked: Collection[int]

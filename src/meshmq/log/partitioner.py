@@ -10,16 +10,15 @@ hashed whole.
     partition = zlib.crc32(key.encode("utf-8")) % partitions
 
 Every publish asks (on its worker, at its partition's leader, and in the writer thread), and a
-fleet publishes on the same topics again and again: answers are kept per topic, for up to
-``CACHE_TOPICS`` topics (then forgotten all at once and learned again). The cache is a plain
-dict, safe to share between threads under the GIL (a race only computes an answer twice).
+fleet publishes on the same topics again and again: answers are kept per topic
+(``meshmq/memo.py``).
 """
 
 from __future__ import annotations
 
 import zlib
 
-CACHE_TOPICS = 10_000
+from meshmq.memo import remember
 
 
 class Partitioner:
@@ -43,9 +42,6 @@ class Partitioner:
         """The partition every record on ``topic`` is appended to."""
         partition = self._cache.get(topic)
         if partition is None:
-            cache = self._cache
-            if len(cache) >= CACHE_TOPICS:
-                cache.clear()
-            partition = cache[topic] = (
-                zlib.crc32(self.key_for(topic).encode("utf-8")) % self.partitions)
+            partition = remember(self._cache, topic,
+                                 zlib.crc32(self.key_for(topic).encode("utf-8")) % self.partitions)
         return partition
