@@ -142,3 +142,20 @@ def test_never_early_and_at_most_one_slot_late(deadlines: list[float],
             assert previous < deadlines[item] + RESOLUTION + 1e-9
         previous = now
     assert len(wheel) == 0
+
+
+def test_only_a_new_slot_asks_for_the_timer_and_a_storm_shares_slots() -> None:
+    """``add``, ``await_connect`` and ``watch`` say True only when a slot was opened: the
+    broker re-arms its one loop timer then (an existing slot already has it armed)."""
+    wheel: KeepAliveWheel[Conn] = KeepAliveWheel()
+    storm = [Conn(f"c{i}") for i in range(1000)]
+    opened = [wheel.await_connect(conn, now=1.05 + i / 10_000, timeout=30.0)
+              for i, conn in enumerate(storm)]
+    assert opened.count(True) == 1 and opened[0]  # 0.1 s of accepts: one slot at 31.25 s
+    assert wheel.next_due() == 31.25
+    assert not wheel.await_connect(storm[0], now=1.1, timeout=30.0)  # filed there already
+    storm[1].keep_alive_limit, storm[1].last_read = 15.0, 1.0  # CONNACK, keep alive 10 s
+    assert wheel.watch(storm[1])  # due before the CONNECT deadline: a slot of its own
+    assert [conn.name for conn in wheel.expired(16.0)] == ["c1"]  # silent for 15 s
+    assert wheel.add(Conn("late"), 40.0) and not wheel.add(Conn("later"), 39.9)
+    assert len(wheel.expired(31.25)) == 999  # no CONNECT in time, the same slot for all

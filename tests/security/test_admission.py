@@ -89,7 +89,7 @@ def test_a_bad_cidr_is_a_one_line_config_error(key) -> None:
 # ---------------------------------------------------------------------------- bookkeeping
 
 hosts = st.sampled_from(["10.0.0.1", "10.0.0.2", "::ffff:10.0.0.1", "192.0.2.9"])
-operations = st.lists(st.one_of(st.tuples(st.just("admit"), hosts),
+operations = st.lists(st.one_of(st.tuples(st.sampled_from(["admit", "ticket"]), hosts),
                                 st.tuples(st.just("release"), st.integers(0, 50))), max_size=80)
 
 
@@ -105,6 +105,18 @@ def test_admission_counts_stay_consistent(ops, max_connections, per_ip, max_refu
                 assert decision.verdict is Verdict.DENIED and decision.ticket is None
             if decision.ticket is not None:
                 held.append(decision.ticket)
+        elif op == "ticket":  # the accept path of the tcp listener: admit() only on a refusal
+            counts = (admission.active, admission.refusing, dict(admission.per_ip),
+                      dict(admission.counters))
+            ticket = admission.ticket(arg)
+            if ticket is None:  # nothing counted; admit() refuses it and says why
+                assert counts == (admission.active, admission.refusing, admission.per_ip,
+                                  admission.counters)
+                decision = admission.admit(arg)
+                assert decision.verdict is not Verdict.ADMITTED and decision.why
+                ticket = decision.ticket
+            if ticket is not None:
+                held.append(ticket)
         elif held:
             ticket = held.pop(arg % len(held))
             ticket.release()

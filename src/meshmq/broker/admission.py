@@ -128,25 +128,38 @@ class Admission:
         self.per_ip: dict[str, int] = {}
         self.counters = {"admitted": 0, "denied": 0, "over_limit": 0, "closed_at_accept": 0}
 
+    def ticket(self, host: str) -> Ticket | None:
+        """The ticket of a connection from ``host`` that is simply admitted (counted), or None
+        with nothing counted: then ``admit`` says what to do with it. The accept path of a
+        storm: no ``Decision`` is made for the common case."""
+        rules = self.rules
+        if (rules.allow or rules.deny) and not rules.permits(peer_address(host)):
+            return None
+        key = _address_key(host)
+        if (self.max_connections or self.max_connections_per_ip) and self._limit_reached(key):
+            return None
+        self.counters["admitted"] += 1
+        self.active += 1
+        self.per_ip[key] = self.per_ip.get(key, 0) + 1
+        return Ticket(self, key, refusal=False)
+
     def admit(self, host: str) -> Decision:
         """Decide for a connection from ``host``; the caller must act on the verdict."""
+        ticket = self.ticket(host)
+        if ticket is not None:
+            return Decision(Verdict.ADMITTED, "", ticket)
         address = peer_address(host)
         if not self.rules.permits(address):
             self.counters["denied"] += 1
             return Decision(Verdict.DENIED, "address not allowed by the listener's CIDR rules")
         key = _address_key(host)
-        why = self._limit_reached(key)
-        if why:
-            if self.refusing >= self.max_refusing:
-                self.counters["closed_at_accept"] += 1
-                return Decision(Verdict.CLOSED, why)
-            self.counters["over_limit"] += 1
-            self.refusing += 1
-            return Decision(Verdict.OVER_LIMIT, why, Ticket(self, key, refusal=True))
-        self.counters["admitted"] += 1
-        self.active += 1
-        self.per_ip[key] = self.per_ip.get(key, 0) + 1
-        return Decision(Verdict.ADMITTED, "", Ticket(self, key, refusal=False))
+        why = self._limit_reached(key)  # (permitted, not admitted: a limit is reached)
+        if self.refusing >= self.max_refusing:
+            self.counters["closed_at_accept"] += 1
+            return Decision(Verdict.CLOSED, why)
+        self.counters["over_limit"] += 1
+        self.refusing += 1
+        return Decision(Verdict.OVER_LIMIT, why, Ticket(self, key, refusal=True))
 
     def _limit_reached(self, key: str) -> str:
         if self.max_connections and self.active >= self.max_connections:

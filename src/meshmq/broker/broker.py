@@ -191,14 +191,15 @@ class Broker:
 
     def await_connect(self, client: ClientProtocol) -> None:
         """A new connection: it has ``mqtt.connect_timeout`` seconds to send CONNECT."""
-        self.deadlines.await_connect(client, self.loop.time(), self.config.mqtt.connect_timeout)
-        self._deadline_timer.arm()
+        if self.deadlines.await_connect(client, self.loop.time(),
+                                        self.config.mqtt.connect_timeout):
+            self._deadline_timer.arm()  # (a slot that already held something is armed for)
 
     def watch_keep_alive(self, client: ClientProtocol) -> None:
         """CONNACK sent: check ``client`` for silence (``keep_alive_limit``; 0 = never)."""
         if client.keep_alive_limit:
-            self.deadlines.watch(client)
-            self._deadline_timer.arm()
+            if self.deadlines.watch(client):
+                self._deadline_timer.arm()
         else:
             self.deadlines.discard(client)
 

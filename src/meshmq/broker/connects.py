@@ -47,8 +47,10 @@ class Connects:
 
     def on_connect(self, client: ClientProtocol, packet: Connect) -> None:
         broker = self.broker
-        address = client.peer.rsplit(":", 1)[0]  # "host:port", IPv6 hosts included
-        if not broker.connect_limiter.allow(address, self.loop.time()):
+        limiter = broker.connect_limiter
+        # "host:port", IPv6 hosts included: the host, when limits per address are on
+        address = client.peer.rsplit(":", 1)[0] if limiter.per_address else ""
+        if not limiter.allow(address, self.loop.time()):
             # Before any password check, so a connect storm costs no argon2 work.
             return self.reject(client, ReasonCode.CONNECTION_RATE_EXCEEDED, "connect rate")
         if PropertyId.AUTHENTICATION_METHOD in packet.properties:

@@ -54,12 +54,13 @@ class TimerWheel(Generic[T]):
     def __contains__(self, item: object) -> bool:
         return item in self._slot_of
 
-    def add(self, item: T, deadline: float) -> None:
-        """File ``item`` at ``deadline`` (in place of any deadline it had)."""
+    def add(self, item: T, deadline: float) -> bool:
+        """File ``item`` at ``deadline`` (in place of any deadline it had); True if that opened
+        a slot (the only case in which the earliest deadline can have moved earlier)."""
         slot = math.ceil(deadline / self.resolution)
         old = self._slot_of.get(item)
         if old == slot:
-            return
+            return False
         if old is not None:
             self._remove(item, old)
         items = self._slots.get(slot)
@@ -67,10 +68,12 @@ class TimerWheel(Generic[T]):
             items = self._slots[slot] = {}
             self._numbers[slot] = slot
             heapq.heappush(self._heap, slot)
-        else:
-            slot = self._numbers[slot]
-        self._slot_of[item] = slot
+            self._slot_of[item] = slot
+            items[item] = None
+            return True
+        self._slot_of[item] = self._numbers[slot]
         items[item] = None
+        return False
 
     def discard(self, item: T) -> None:
         slot = self._slot_of.pop(item, None)
@@ -122,11 +125,23 @@ W = TypeVar("W", bound=Watched)
 class KeepAliveWheel(TimerWheel[W]):
     """The CONNECT deadline and the keep-alive check of every connection of a broker."""
 
-    def await_connect(self, conn: W, now: float, timeout: float) -> None:
-        self.add(conn, now + timeout)
+    def await_connect(self, conn: W, now: float, timeout: float) -> bool:
+        """File a new connection at its CONNECT deadline; True if a slot was opened (``add``).
 
-    def watch(self, conn: W) -> None:
-        """CONNACK sent: check ``conn`` for silence from now on (its limit is set).
+        In a connect storm the connections of a quarter second share one slot: joining it is
+        two dict stores."""
+        deadline = now + timeout
+        slot = math.ceil(deadline / self.resolution)
+        items = self._slots.get(slot)
+        if items is None or conn in self._slot_of:
+            return self.add(conn, deadline)
+        self._slot_of[conn] = self._numbers[slot]
+        items[conn] = None
+        return False
+
+    def watch(self, conn: W) -> bool:
+        """CONNACK sent: check ``conn`` for silence from now on (its limit is set); True if a
+        slot was opened.
 
         A CONNECT deadline due before the keep-alive one stays where it is: when it comes due,
         ``expired()`` sees the limit and files the connection at its keep-alive deadline. So a
@@ -134,7 +149,8 @@ class KeepAliveWheel(TimerWheel[W]):
         deadline = conn.last_read + conn.keep_alive_limit
         slot = self._slot_of.get(conn)
         if slot is None or slot * self.resolution > deadline:
-            self.add(conn, deadline)
+            return self.add(conn, deadline)
+        return False
 
     def expired(self, now: float, excused: bool = False) -> list[W]:
         """The connections past their deadline at ``now``: no CONNECT in time, or silent for

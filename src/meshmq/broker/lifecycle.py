@@ -285,11 +285,12 @@ class Lifecycle:
 
 
 def cancel_timers(session: Session) -> None:
-    for name in ("will_handle", "expiry_handle"):
-        handle = getattr(session, name)
-        if handle is not None:
-            handle.cancel()
-            setattr(session, name, None)
+    if session.will_handle is not None:
+        session.will_handle.cancel()
+        session.will_handle = None
+    if session.expiry_handle is not None:
+        session.expiry_handle.cancel()
+        session.expiry_handle = None
 
 
 def protocol_name(version: int) -> str:

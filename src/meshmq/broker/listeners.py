@@ -2,20 +2,23 @@
 
 Theory of operation
 -------------------
-Every listener is a plain TCP server whose sockets start with a ``Gate`` protocol. At accept,
-before reading anything, the gate asks the listener's ``Admission`` (CIDR rules, connection
-limits; see ``admission.py``) and then builds the stack for the connection, bottom to top:
+Every listener is a plain TCP server. At accept, before reading anything, the listener's
+``Admission`` (CIDR rules, connection limits; see ``admission.py``) decides, and then the stack
+for the connection is built, bottom to top:
 
     socket -> [TLSLayer] -> [WebSocketLayer] -> ClientProtocol | Refuser
 
-The gate sees the first chunk read, then steps aside (``transport.set_protocol``) and costs
-nothing afterwards. On a plain port (``tcp``, ``ws``) a first byte of 0x16 is a TLS ClientHello:
-logged and closed. On a TLS port (``tls``, ``wss``) the ``TLSLayer`` does the handshake with
-the ``ServerCertificates`` context current at accept (a SIGHUP reload only affects later
-handshakes), logs every failure with the peer and the reason, and creates what runs above it
-only once the handshake is done: with ``tls.cert_username`` the MQTT side carries the
-certificate's CN (see ``certauth.py``). Every layer with a handshake (TLS, WebSocket, MQTT
-CONNECT) has its own deadline of ``mqtt.connect_timeout``.
+The sockets of the TLS and WebSocket listeners start with a ``Gate`` protocol that asks the
+admission, builds the stack, sees the first chunk read, then steps aside
+(``transport.set_protocol``) and costs nothing afterwards. The plain ``tcp`` listener, where
+connect storms land, has no gate: its ``TcpClientProtocol`` asks the admission itself and hands
+only a connection that is refused to a gate. On a plain port (``tcp``, ``ws``) a first byte of
+0x16 is a TLS ClientHello: logged and closed. On a TLS port (``tls``, ``wss``) the
+``TLSLayer`` does the handshake with the ``ServerCertificates`` context current at accept (a
+SIGHUP reload only affects later handshakes), logs every failure with the peer and the reason,
+and creates what runs above it only once the handshake is done: with ``tls.cert_username`` the
+MQTT side carries the certificate's CN (see ``certauth.py``). Every layer with a handshake
+(TLS, WebSocket, MQTT CONNECT) has its own deadline of ``mqtt.connect_timeout``.
 
 A connection over a limit gets a ``Refuser`` in place of a ``ClientProtocol``: it reads the
 CONNECT, answers CONNACK 0x97 (3.1.1: 3) and closes, without touching the broker. Each layer
@@ -29,8 +32,10 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from meshmq.broker.admission import Admission, Decision, NetworkRules, Ticket, Verdict
 from meshmq.broker.certauth import CertificateAuthenticator
@@ -41,6 +46,7 @@ from meshmq.broker.tls import ServerCertificates
 from meshmq.broker.tlslayer import TLSLayer
 from meshmq.broker.websocket import WebSocketLayer
 from meshmq.mqtt.connection import ServerConnection
+from meshmq.mqtt.errors import NotConnect, RemoteProtocolError
 from meshmq.mqtt.packets import PacketType
 from meshmq.mqtt.reason_codes import ReasonCode
 
@@ -165,10 +171,14 @@ class Gate(asyncio.Protocol):
         self.peer = "?"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        host, peer = _peer(transport)
+        self.decided(transport, peer, self.listener.admission.admit(host))
+
+    def decided(self, transport: asyncio.BaseTransport, peer: str, decision: Decision) -> None:
+        """Act on the admission's ``decision`` for the connection from ``peer``."""
         self.transport = stream_transport(transport)
         listener = self.listener
-        host, self.peer = _peer(transport)
-        decision = listener.admission.admit(host)
+        self.peer = peer
         self.ticket = decision.ticket
         name = listener.spec.name
         if decision.verdict is Verdict.DENIED or decision.verdict is Verdict.CLOSED:
@@ -212,6 +222,46 @@ class Gate(asyncio.Protocol):
             self.inner.resume_writing()
 
 
+class TcpClientProtocol(ListenerClientProtocol):
+    """MQTT straight on a plain TCP socket (the ``tcp`` listener), with the gate's work done in
+    place: a connection costs one protocol object and no hand-over. Admission happens at
+    accept; a connection that is not simply admitted is handed to a ``Gate``, which refuses
+    it. A TLS ClientHello (first byte 0x16) is refused by the CONNECT check at its first byte
+    (``NotConnect``) and logged as the gate logs it. Each listener makes a subclass naming
+    itself (``for_listener``), so that no connection holds a reference to it."""
+
+    __slots__ = ()
+    listener: ClassVar[Listener]
+
+    def __init__(self) -> None:  # (the ticket is set at accept)
+        ClientProtocol.__init__(self, self.listener.broker)
+
+    @classmethod
+    def for_listener(cls, listener: Listener) -> type[TcpClientProtocol]:
+        return type(cls.__name__, (cls,), {"__slots__": (), "listener": listener})
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        listener = self.listener
+        host, peer = _peer(transport)
+        ticket = listener.admission.ticket(host)
+        if ticket is None:  # refused: the gate does that
+            gate = Gate(listener)
+            transport.set_protocol(gate)
+            gate.decided(transport, peer, listener.admission.admit(host))
+            return
+        self.ticket = ticket
+        self.peer = peer
+        super().connection_made(transport)
+
+    def _log_protocol_error(self, error: RemoteProtocolError) -> None:
+        if isinstance(error, NotConnect) and error.first_byte == TLS_RECORD_HANDSHAKE:
+            self.close_reason = "TLS handshake on a plain port"
+            log.info("TLS handshake on a plain port listener=%s peer=%s: closing (the TLS"
+                     " listener is elsewhere)", self.listener.spec.name, self.peer)
+            return
+        super()._log_protocol_error(error)
+
+
 class Listener:
     """One listening socket and its admission rules."""
 
@@ -234,9 +284,14 @@ class Listener:
     async def start(self) -> None:
         spec = self.spec
         loop = asyncio.get_running_loop()
+        factory: Callable[[], asyncio.Protocol]
+        if not spec.tls and spec.path is None:  # plain MQTT, the common case: no gate
+            factory = TcpClientProtocol.for_listener(self)
+        else:
+            factory = partial(Gate, self)
         try:
             self.server = await loop.create_server(
-                lambda: Gate(self), spec.bind, spec.port, reuse_address=True, backlog=4096,
+                factory, spec.bind, spec.port, reuse_address=True, backlog=4096,
                 reuse_port=self.reuse_port or None,
             )
         except OSError as exc:

@@ -96,6 +96,7 @@ class ConnectRateLimiter:
     ) -> None:
         self._node = _bucket(rate, burst, now)
         self._per_address = (per_address_rate, per_address_burst)
+        self.per_address = per_address_rate > 0  # False: ``allow`` ignores the address
         self._addresses: OrderedDict[str, TokenBucket] = OrderedDict()
         self._max_tracked = max_tracked
         self.refused = 0

@@ -49,6 +49,8 @@ from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import parse_shared_filter, topic_matches
 
 if TYPE_CHECKING:
+    import asyncio
+
     from meshmq.broker.interfaces import PartitionLog
     from meshmq.config import SessionConfig
     from meshmq.mqtt.connection import ServerConnection
@@ -177,8 +179,8 @@ class Session:
         self.dropped = 0
         self.slots_freed = False  # on_puback freed a slot since the last refill()
         self.will: Will | None = None
-        self.will_handle: object | None = None
-        self.expiry_handle: object | None = None
+        self.will_handle: asyncio.TimerHandle | None = None
+        self.expiry_handle: asyncio.TimerHandle | None = None
         self._next_packet_id = 1
         self.username: str | None = None
         self.may_receive: Callable[[str], bool] | None = None  # ACL read check, when ACLs are on
@@ -565,11 +567,14 @@ class Session:
         self.client = client
         self.detached_at = None
         self.connecting = False
-        for packet_id, outbound in self.inflight.items():
-            outbound.sent = outbound.released
-            if outbound.released:
-                client.conn.send_pubrel(packet_id)
-        self._unsent = sum(not outbound.sent for outbound in self.inflight.values())
+        if self.inflight:
+            for packet_id, outbound in self.inflight.items():
+                outbound.sent = outbound.released
+                if outbound.released:
+                    client.conn.send_pubrel(packet_id)
+            self._unsent = sum(not outbound.sent for outbound in self.inflight.values())
+        else:
+            self._unsent = 0
         client.wake()
         self.pump(now)
 

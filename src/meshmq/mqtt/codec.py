@@ -391,17 +391,36 @@ def _expect_end(pos: int, end: int, what: str) -> None:
 PROTOCOLS = frozenset({("MQIsdp", MQTT_31), ("MQTT", MQTT_311), ("MQTT", MQTT_5)})
 
 
-def decode_connect(data: bytes, pos: int, end: int) -> Connect:
-    name, pos = decode_utf8(data, pos, end)
-    level, pos = _decode_byte(data, pos, end)
-    if name not in ("MQTT", "MQIsdp"):
-        raise MalformedPacket(f"unknown protocol name {name!r}")  # MQTT-3.1.2-1
-    if (name, level) not in PROTOCOLS:
-        raise RemoteProtocolError(  # MQTT-3.1.2-2: CONNACK 0x84 (3.x: 0x01), then close
-            f"unsupported protocol level {level} for {name!r}",
-            ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
-        )
-    flags, pos = _decode_byte(data, pos, end)
+_MQTT_NAME = b"\x00\x04MQTT"  # how the variable header of a 3.1.1 or 5.0 CONNECT begins
+
+
+def _unsupported_level(name: str, level: int) -> RemoteProtocolError:
+    return RemoteProtocolError(  # MQTT-3.1.2-2: CONNACK 0x84 (3.x: 0x01), then close
+        f"unsupported protocol level {level} for {name!r}",
+        ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+    )
+
+
+def decode_connect(data: bytes, pos: int, end: int, version: int = 0) -> Connect:
+    """Decode a CONNECT body (``version`` is ignored: a CONNECT states its own)."""
+    if end - pos >= 10 and data[pos : pos + 6] == _MQTT_NAME:
+        # The usual start, read in place: name, level, flags and keep alive (10 bytes).
+        name = "MQTT"
+        level = data[pos + 6]
+        if level != MQTT_311 and level != MQTT_5:
+            raise _unsupported_level(name, level)
+        flags = data[pos + 7]
+        keep_alive = (data[pos + 8] << 8) | data[pos + 9]
+        pos += 10
+    else:
+        name, pos = decode_utf8(data, pos, end)
+        level, pos = _decode_byte(data, pos, end)
+        if name not in ("MQTT", "MQIsdp"):
+            raise MalformedPacket(f"unknown protocol name {name!r}")  # MQTT-3.1.2-1
+        if (name, level) not in PROTOCOLS:
+            raise _unsupported_level(name, level)
+        flags, pos = _decode_byte(data, pos, end)
+        keep_alive, pos = decode_u16(data, pos, end)
     if flags & 0x01:
         raise MalformedPacket("CONNECT reserved flag is set")  # MQTT-3.1.2-3
     will_flag = bool(flags & 0x04)
@@ -415,7 +434,6 @@ def decode_connect(data: bytes, pos: int, end: int) -> Connect:
     has_username = bool(flags & 0x80)
     if level != MQTT_5 and has_password and not has_username:
         raise MalformedPacket("password flag set without user name flag")  # MQTT-3.1.2-22
-    keep_alive, pos = decode_u16(data, pos, end)
     props: Properties = {}
     if level == MQTT_5:
         props, pos = decode_properties(data, pos, end, PacketKind.CONNECT)
@@ -643,7 +661,7 @@ def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> 
 
 
 _DECODERS: dict[int, Callable[[bytes, int, int, int], Packet]] = {
-    PacketType.CONNECT: lambda d, p, e, v: decode_connect(d, p, e),
+    PacketType.CONNECT: decode_connect,
     PacketType.CONNACK: decode_connack,
     PacketType.PUBACK: partial(_decode_ack, PacketType.PUBACK),
     PacketType.PUBREC: partial(_decode_ack, PacketType.PUBREC),

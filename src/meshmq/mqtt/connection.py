@@ -49,7 +49,12 @@ from meshmq.mqtt.codec import (
     parse_fixed_header,
 )
 from meshmq.mqtt.codec import decode_packet as _decode_packet
-from meshmq.mqtt.errors import InsufficientData, LocalProtocolError, RemoteProtocolError
+from meshmq.mqtt.errors import (
+    InsufficientData,
+    LocalProtocolError,
+    NotConnect,
+    RemoteProtocolError,
+)
 from meshmq.mqtt.packets import (
     MQTT_5,
     MQTT_31,
@@ -97,6 +102,10 @@ _PUBREL: Final = PacketType.PUBREL
 _DISCONNECT: Final = PacketType.DISCONNECT
 _AUTH: Final = PacketType.AUTH
 _PINGRESP = b"\xd0\x00"
+# The 3.1/3.1.1 CONNACKs, by session present and return code (0 to 5): four fixed bytes each.
+_CONNACK_311 = tuple(
+    tuple(encode_packet(Connack(present, code), MQTT_311) for code in range(6))
+    for present in (False, True))
 TOPIC_CACHE_SIZE = 64  # validated topic names remembered per connection (see _fast_publish)
 _PROBLEM_PROPS = (PropertyId.REASON_STRING, PropertyId.USER_PROPERTY)
 MAX_CLIENT_ID_31 = 23  # characters, MQTT 3.1 section 3.1
@@ -233,8 +242,7 @@ class ServerConnection:
         end = len(data)
         try:
             if self.state is AWAIT_CONNECT and data and data[0] != 0x10:
-                # MQTT-3.1.0-1: anything else (HTTP, TLS, noise) is refused at its first byte
-                raise RemoteProtocolError(f"first byte 0x{data[0]:02X} is not CONNECT")
+                raise NotConnect(data[0])  # MQTT-3.1.0-1: refused at its first byte
             limit = self.max_events or -1  # -1: never reached
             parsed = 0
             events = self._events
@@ -567,13 +575,14 @@ class ServerConnection:
         else:  # 3.1 has no session present flag: that byte is reserved
             code = connack_code_311(reason_code)
             present = session_present and code == 0 and self.version == MQTT_311
-            self._out.append(encode_packet(Connack(present, code), MQTT_311))
+            self._out.append(_CONNACK_311[present][code])
         if reason_code >= 0x80:
             self.state = CLOSED
         else:
             self.state = CONNECTED
-            self._out.extend([_PINGRESP] * self._pings_before_connack)
-            self._pings_before_connack = 0
+            if self._pings_before_connack:
+                self._out.extend([_PINGRESP] * self._pings_before_connack)
+                self._pings_before_connack = 0
             connect = self.connect
             if connect is not None:  # an idle connection need not hold its CONNECT packet
                 self._connect_expiry = get_property(

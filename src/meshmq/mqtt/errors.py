@@ -30,6 +30,14 @@ class RemoteProtocolError(MQTTError):
         self.reason_code = int(reason_code)
 
 
+class NotConnect(RemoteProtocolError):
+    """The first byte a client sent is not a CONNECT's (MQTT-3.1.0-1): HTTP, TLS, noise."""
+
+    def __init__(self, first_byte: int) -> None:
+        super().__init__(f"first byte 0x{first_byte:02X} is not CONNECT")
+        self.first_byte = first_byte
+
+
 class MalformedPacket(RemoteProtocolError):
     """The packet cannot be parsed as MQTT."""
 
