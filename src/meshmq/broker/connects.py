@@ -24,6 +24,8 @@ from meshmq.broker.lifecycle import NEVER_EXPIRES, cancel_timers, protocol_name
 from meshmq.broker.message import PositionsRequestError, wants_positions
 from meshmq.broker.protocol import ClientProtocol
 from meshmq.logsetup import kv
+from meshmq.memo import remember
+from meshmq.mqtt.codec import encode_properties
 from meshmq.mqtt.packets import MQTT_5, Connect
 from meshmq.mqtt.properties import Properties, PropertyId, get_property
 from meshmq.mqtt.reason_codes import ReasonCode
@@ -31,6 +33,7 @@ from meshmq.mqtt.reason_codes import ReasonCode
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
     from meshmq.broker.session import Session
+    from meshmq.config import MQTTConfig
 
 log = logging.getLogger("meshmq.broker")
 
@@ -44,6 +47,10 @@ class Connects:
         self.broker = broker
         self.loop = broker.loop
         self.pending: dict[str, ClientProtocol] = {}  # client id -> connection waiting a claim
+        # Encoded CONNACK property blocks by (Server Keep Alive, Session Expiry Interval) sent,
+        # for the configuration they were made with (``_connack_block``).
+        self._blocks: dict[tuple[int | None, int | None], bytes] = {}
+        self._blocks_config: MQTTConfig | None = None
 
     def on_connect(self, client: ClientProtocol, packet: Connect) -> None:
         broker = self.broker
@@ -178,8 +185,8 @@ class Connects:
         client.session = session
         client.client_id = client_id
         conn.outgoing_alias_maximum = cfg.broker_topic_aliases
-        props = self._connack_properties(packet, assigned, keep_alive, expiry) if v5 else None
-        conn.send_connack(0, session_present, props)
+        block = self._connack_block(packet, assigned, keep_alive, expiry) if v5 else None
+        conn.send_connack(0, session_present, block)
         broker.counters["connects"] += 1
         client.connected(keep_alive)
         level = lifecycle.connection_log_level
@@ -213,10 +220,32 @@ class Connects:
             requested = 0 if packet.clean_start else NEVER_EXPIRES
         return min(requested, self.broker.config.session.max_session_expiry)
 
-    def _connack_properties(
+    def _connack_block(
         self, packet: Connect, assigned: str | None, keep_alive: int, expiry: int
-    ) -> Properties:
+    ) -> bytes:
+        """The 5.0 CONNACK's properties, encoded. CONNECTs that get the same answers share one
+        block, encoded once per configuration (an assigned client id is never kept)."""
+        server_keep_alive = keep_alive if keep_alive != packet.keep_alive else None
+        requested = get_property(packet.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+        session_expiry = expiry if expiry != requested else None
         cfg = self.broker.config.mqtt
+        if assigned is not None:
+            return encode_properties(
+                self._connack_properties(cfg, assigned, server_keep_alive, session_expiry))
+        if cfg is not self._blocks_config:  # (a reload may change what CONNACK says)
+            self._blocks_config = cfg
+            self._blocks.clear()
+        key = (server_keep_alive, session_expiry)
+        block = self._blocks.get(key)
+        if block is None:
+            block = remember(self._blocks, key, encode_properties(
+                self._connack_properties(cfg, None, server_keep_alive, session_expiry)))
+        return block
+
+    def _connack_properties(
+        self, cfg: MQTTConfig, assigned: str | None, server_keep_alive: int | None,
+        session_expiry: int | None,
+    ) -> Properties:
         props: Properties = {
             PropertyId.RECEIVE_MAXIMUM: cfg.receive_maximum,
             PropertyId.MAXIMUM_PACKET_SIZE: cfg.max_packet_size,
@@ -226,10 +255,10 @@ class Connects:
             props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = assigned
         if self.broker.index is not None:  # which worker serves it (docs/workers.md)
             props[PropertyId.USER_PROPERTY] = [(WORKER_PROPERTY, str(self.broker.index))]
-        if keep_alive != packet.keep_alive:
-            props[PropertyId.SERVER_KEEP_ALIVE] = keep_alive  # MQTT-3.2.2-21
-        if expiry != get_property(packet.properties, PropertyId.SESSION_EXPIRY_INTERVAL, 0):
-            props[PropertyId.SESSION_EXPIRY_INTERVAL] = expiry
+        if server_keep_alive is not None:
+            props[PropertyId.SERVER_KEEP_ALIVE] = server_keep_alive  # MQTT-3.2.2-21
+        if session_expiry is not None:
+            props[PropertyId.SESSION_EXPIRY_INTERVAL] = session_expiry
         if cfg.max_qos < 2:
             props[PropertyId.MAXIMUM_QOS] = cfg.max_qos
         for pid, enabled in (

@@ -42,6 +42,8 @@ class PositionsRequestError(ValueError):
 def wants_positions(connect_properties: Properties) -> bool:
     """Whether a CONNECT asked for log positions on delivery (the last ``meshmq-positions``
     user property wins); ``PositionsRequestError`` for a value other than true/false."""
+    if _USER not in connect_properties:
+        return False
     pairs = get_property(connect_properties, _USER) or ()
     values = [value for name, value in pairs if name == POSITIONS_PROPERTY]
     if not values or values[-1] == "false":

@@ -746,10 +746,15 @@ def _encode_connect(packet: Connect, version: int) -> bytes:
 
 
 def _encode_connack(packet: Connack, version: int) -> bytes:
-    body = bytes((1 if packet.session_present else 0, packet.reason_code))
     if version == MQTT_5:
-        body += encode_properties(packet.properties)
-    return _frame(0x20, body)
+        return encode_connack_5(packet.session_present, packet.reason_code,
+                                encode_properties(packet.properties))
+    return _frame(0x20, bytes((1 if packet.session_present else 0, packet.reason_code)))
+
+
+def encode_connack_5(session_present: bool, reason_code: int, properties: bytes) -> bytes:
+    """A 5.0 CONNACK around a property block already encoded (``encode_properties``)."""
+    return _frame(0x20, bytes((1 if session_present else 0, reason_code)) + properties)
 
 
 def _encode_ack(packet: Puback | Pubrec | Pubrel | Pubcomp, version: int) -> bytes:

@@ -44,6 +44,7 @@ from meshmq.mqtt.codec import (
     CONNACK_REASON_CODES,
     DISCONNECT_REASON_CODES,
     encode_ack,
+    encode_connack_5,
     encode_packet,
     frame_length_hint,
     parse_fixed_header,
@@ -558,9 +559,11 @@ class ServerConnection:
 
     def send_connack(
         self, reason_code: int = 0, session_present: bool = False,
-        properties: Properties | None = None,
+        properties: Properties | bytes | None = None,
     ) -> None:
-        """Answer the CONNECT; a failure code closes the connection.
+        """Answer the CONNECT; a failure code closes the connection. 5.0 ``properties`` may
+        come as a block already encoded (``encode_properties``): a broker encodes the same
+        answer for most CONNECTs.
 
         A no-op once the connection is CLOSED (a late verdict for a peer that already broke
         the protocol or went away: it was answered, if at all, when it failed).
@@ -570,8 +573,12 @@ class ServerConnection:
         if self.state is not CONNECTING:
             raise LocalProtocolError(f"CONNACK in state {self.state.name}")
         if self.version == MQTT_5:
-            packet = Connack(session_present and reason_code == 0, reason_code, properties or {})
-            self._out.append(encode_packet(packet, MQTT_5))
+            present = session_present and reason_code == 0
+            if isinstance(properties, bytes):
+                self._out.append(encode_connack_5(present, reason_code, properties))
+            else:
+                packet = Connack(present, reason_code, properties or {})
+                self._out.append(encode_packet(packet, MQTT_5))
         else:  # 3.1 has no session present flag: that byte is reserved
             code = connack_code_311(reason_code)
             present = session_present and code == 0 and self.version == MQTT_311
