@@ -562,7 +562,8 @@ class Session:
         """Bind a new connection; resend unacknowledged messages (MQTT-4.4.0-1), then pump.
 
         PUBRELs go out at once; unacknowledged PUBLISHes are resent with DUP, in order, as the
-        new connection's Receive Maximum allows (MQTT-4.9.0-2), before anything queued.
+        new connection's Receive Maximum allows (MQTT-4.9.0-2), before anything queued. The
+        caller (the CONNECT path) writes the connection's output right after, CONNACK first.
         """
         self.client = client
         self.detached_at = None
@@ -575,7 +576,6 @@ class Session:
             self._unsent = sum(not outbound.sent for outbound in self.inflight.values())
         else:
             self._unsent = 0
-        client.wake()
         self.pump(now)
 
     def _resend(self, client: ClientLink, window: int, now: float) -> None:
