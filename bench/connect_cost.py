@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python bench/connect_cost.py [--conns 5000] [--protocol 4|5] [--group lineno]
     .venv/bin/python bench/connect_cost.py --profile    # cProfile of the connect phase
     .venv/bin/python bench/connect_cost.py --cpu [--floor]  # CPU per connection (and a floor)
+    .venv/bin/python bench/connect_cost.py --python [--protocol 5]  # meshmq's Python alone
 
 Runs a single-process meshmq in this process (uvloop, default configuration apart from
 ``limits.connect_rate = 0`` and the log off) and drives the compiled load generator
@@ -18,6 +19,11 @@ phase runs under cProfile instead (tracemalloc off, so it does not distort the t
 functions with the most own time are listed. With ``--cpu`` only this process's CPU time per
 connection is printed, and ``--floor`` measures a bare uvloop server instead of meshmq (accept,
 read, write a CONNACK): the part of a connection's cost that no change to meshmq can remove.
+``--python`` leaves sockets, uvloop and the kernel out: the tcp listener's protocol is driven
+in this process with a stand-in transport (accept, one read holding the CONNECT, the writes
+kept as a byte count; every client must be answered and counted as connected), so what it
+prints is meshmq's own Python per connection, steadier than a figure that includes the kernel
+and the load generator's timing.
 docs/benchmarks.md shows the output and reads it.
 """
 
@@ -35,6 +41,7 @@ import time
 import tracemalloc
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 from meshbench.build import build_loadgen
 
@@ -169,6 +176,79 @@ def short(path: str) -> str:
     return path
 
 
+class StandInTransport:
+    """What the tcp listener's protocol uses of a transport, with no socket (``--python``)."""
+
+    def __init__(self, number: int) -> None:
+        self.peer = ("127.0.0.1", 1024 + number % 60000)
+        self.written = 0
+        self.protocol: asyncio.BaseProtocol | None = None
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self.peer if name == "peername" else default
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def connect_packet(number: int, protocol: int) -> bytes:
+    """The CONNECT the load generator sends: clean, keep alive 600 s, its kind of client id."""
+    client_id = f"lg1-i{number}".encode()
+    body = b"\x00\x04MQTT" + bytes((protocol, 0x02, 0x02, 0x58))
+    body += (b"\x00" if protocol == 5 else b"") + len(client_id).to_bytes(2, "big") + client_id
+    return bytes((0x10, len(body))) + body
+
+
+async def measure_python(args: argparse.Namespace) -> None:
+    """``--python``: accept, CONNECT and CONNACK through meshmq's code alone, best of 5."""
+    from meshmq.broker import listeners
+
+    data = tempfile.mkdtemp(prefix="meshmq-cost-")
+    server = BrokerServer(load_config(overrides={
+        "server.bind": "127.0.0.1", "server.port": 0, "server.data_dir": data,
+        "server.log_level": "warning", "log.enabled": False, "limits.connect_rate": 0}))
+    await server.start()
+    assert server.listeners is not None
+    listener = server.listeners.listeners[0]
+    if hasattr(listeners, "TcpClientProtocol"):
+        factory = listeners.TcpClientProtocol.for_listener(listener)
+    else:  # a tree from before it: every socket started with a gate
+        factory = partial(listeners.Gate, listener)  # type: ignore[assignment]
+    n, best = args.conns, float("inf")
+    for rep in range(5):
+        packets = [connect_packet(rep * n + i, args.protocol) for i in range(n)]
+        transports = [StandInTransport(rep * n + i) for i in range(n)]
+        gc.collect()
+        start = time.perf_counter()
+        for i in range(n):
+            protocol = factory()
+            protocol.connection_made(transports[i])  # type: ignore[arg-type]  # a stand-in
+            (transports[i].protocol or protocol).data_received(packets[i])  # type: ignore[union-attr]
+            if i % 64 == 63:
+                await asyncio.sleep(0)  # a loop turn per 64, as with 64 handshakes in flight
+        await asyncio.sleep(0)
+        best = min(best, (time.perf_counter() - start) / n)
+        assert all(transport.written for transport in transports), "a CONNACK is missing"
+        assert server.broker is not None and server.broker.counters["connects"] == (rep + 1) * n
+    print(f"meshmq's Python per connection (MQTT {'5.0' if args.protocol == 5 else '3.1.1'},"
+          f" no sockets): {best * 1e6:.1f} us (best of 5 x {n:,})")
+    for protocol in list(server.broker.clients if server.broker is not None else ()):
+        protocol.closing = True  # (no sockets to close)
+    await server.stop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--conns", type=int, default=5000)
@@ -178,6 +258,8 @@ def main() -> None:
                    help="only the CPU time per connection (no tracemalloc, no profiler)")
     p.add_argument("--floor", action="store_true",
                    help="a bare uvloop server that only answers CONNACK, instead of meshmq")
+    p.add_argument("--python", action="store_true",
+                   help="meshmq's Python alone: no sockets, a stand-in transport")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--group", choices=("filename", "lineno"), default="filename",
                    help="group the heap by file or by line")
@@ -186,7 +268,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     import uvloop
 
-    uvloop.run(measure(args))
+    uvloop.run(measure_python(args) if args.python else measure(args))
 
 
 if __name__ == "__main__":

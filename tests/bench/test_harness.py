@@ -326,3 +326,18 @@ def test_placed_subscriber_acknowledges_qos1_deliveries() -> None:
         sub.flush_acks()
         assert there.recv(100) == b"\x40\x02\x01\x00\x40\x02\x01\x01"
         assert not sub.acks
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_connect_cost_python_mode_connects_every_client_without_sockets(protocol: int) -> None:
+    """``connect_cost.py --python`` drives the tcp listener's protocol with a stand-in
+    transport: each of its clients must get a CONNACK (the script checks) and be connected."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "connect_cost.py"), "--python", "--conns", "300",
+         "--protocol", str(protocol)], capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    version = "5.0" if protocol == 5 else "3.1.1"
+    assert f"meshmq's Python per connection (MQTT {version}, no sockets):" in done.stdout
+    assert "(best of 5 x 300)" in done.stdout
