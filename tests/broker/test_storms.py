@@ -83,7 +83,8 @@ def test_a_storm_of_3000_clients_all_get_in_with_the_defaults(tmp_path: Path, lo
 
 def test_known_credentials_do_not_wait_behind_argon2(tmp_path: Path) -> None:
     """A device whose password was verified before connects at once even while the pool is
-    busy verifying a queue of others (here wrong passwords, about 30 ms of argon2 each)."""
+    busy verifying a queue of others (here wrong passwords, about 30 ms of argon2 each: each
+    a different one, as the same credentials in flight share one verification)."""
     passwords = tmp_path / "passwords"
     write_password_file(passwords, {"fleet": hash_password("s3cret"), "other": hash_password("x")})
     broker = start_broker(tmp_path, f'[auth]\npassword_file = "{passwords}"\n', "auth")
@@ -92,7 +93,7 @@ def test_known_credentials_do_not_wait_behind_argon2(tmp_path: Path) -> None:
             assert first.connect("dev-0", username="fleet", password=b"s3cret").reason_code == 0
         queued = [RawClient(broker.port, 5) for _ in range(16)]
         for index, raw in enumerate(queued):
-            raw.send(Connect(f"bad-{index}", 5, username="other", password=b"wrong"))
+            raw.send(Connect(f"bad-{index}", 5, username="other", password=b"wrong-%d" % index))
         assert queued[0].recv_type(Connack).reason_code == 0x86  # the pool is at work
         with RawClient(broker.port, 5) as known:
             assert known.connect("dev-1", username="fleet", password=b"s3cret").reason_code == 0

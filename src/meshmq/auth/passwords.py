@@ -116,6 +116,11 @@ class PasswordVerifier:
             verified[username] = token
         return True
 
+    def token(self, username: str, password: bytes) -> bytes:
+        """The keyed digest that stands for these credentials (the cache's entry; the key of a
+        verification in flight): not reversible, and different for every loaded file."""
+        return self._token(username, password)
+
     def _token(self, username: str, password: bytes) -> bytes:
         return hashlib.blake2b(password, key=self._key, person=username.encode()[:16],
                                digest_size=32).digest()

@@ -5,6 +5,9 @@ the password file's cache, ``PasswordVerifier.verified``) and otherwise runs the
 verification in a small thread pool, calling ``done(reason_code)`` back on the loop. So a
 reconnect storm of known devices costs the loop a keyed hash per CONNECT, and only credentials
 not seen since the file was loaded cost an argon2 verification (about 30 ms of a pool thread).
+CONNECTs with the same credentials as a verification in flight wait for its answer instead of
+starting their own (a fleet sharing one credential, restarting together, costs one argon2 run,
+not one per device up to ``MAX_PENDING`` and then Server busy for the rest).
 While a check is pending the broker holds the connection's later packets (see
 ``ClientProtocol.hold``), so nothing a client pipelines behind CONNECT runs unauthenticated.
 """
@@ -45,7 +48,9 @@ class Authenticator:
         self.verifier = (
             PasswordVerifier.from_file(auth.password_file) if auth.password_file else None
         )
-        self.pending = 0
+        self.pending = 0  # verifications in the pool (``MAX_PENDING`` at most)
+        # (user name, credentials token) -> the answers waiting for that verification
+        self._in_flight: dict[tuple[str, bytes | None], list[Callable[[int], None]]] = {}
         self._pool: ThreadPoolExecutor | None = None
         if self.verifier is not None:
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="meshmq-auth")
@@ -57,23 +62,29 @@ class Authenticator:
         verifier = self.verifier
         if packet.username is None or verifier is None:
             return 0 if self.allow_anonymous else ReasonCode.NOT_AUTHORIZED
-        if verifier.verified(packet.username, packet.password):
+        username, password = packet.username, packet.password
+        if verifier.verified(username, password):
             return 0
+        key = (username, None if password is None else verifier.token(username, password))
+        waiting = self._in_flight.get(key)
+        if waiting is not None:  # the same credentials are being verified: wait for that
+            waiting.append(done)
+            return None
         if self.pending >= MAX_PENDING:
             return ReasonCode.SERVER_BUSY
         self.pending += 1
-        future = self.loop.run_in_executor(
-            self._pool, verifier.verify, packet.username, packet.password
-        )
-        future.add_done_callback(lambda f: self._finish(f, done))
+        self._in_flight[key] = [done]
+        future = self.loop.run_in_executor(self._pool, verifier.verify, username, password)
+        future.add_done_callback(lambda f: self._finish(f, key))
         return None
 
     def _finish(
-        self, future: Future[bool] | asyncio.Future[bool], done: Callable[[int], None]
+        self, future: Future[bool] | asyncio.Future[bool], key: tuple[str, bytes | None]
     ) -> None:
         self.pending -= 1
         ok = not future.cancelled() and future.exception() is None and future.result()
-        done(0 if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+        for done in self._in_flight.pop(key, ()):
+            done(0 if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD)
 
     def reload(self, auth: AuthConfig) -> None:
         """SIGHUP: re-read the password file, or read the one ``auth`` now names (or drop it);
