@@ -26,6 +26,17 @@ def connected(wheel: KeepAliveWheel[Conn], name: str, keep_alive: int, now: floa
     return conn
 
 
+def accepted_then_connected(wheel: KeepAliveWheel[Conn], timeout: float, last_read: float,
+                            limit: float) -> Conn:
+    """A connection accepted at 0 with ``timeout`` to send CONNECT, CONNACKed after reading at
+    ``last_read`` with a keep-alive limit of ``limit``."""
+    conn = Conn("c")
+    wheel.await_connect(conn, now=0.0, timeout=timeout)
+    conn.last_read, conn.keep_alive_limit = last_read, limit
+    wheel.watch(conn)
+    return conn
+
+
 def run_until(wheel: KeepAliveWheel[Conn], start: float, end: float,
               step: float = 0.01) -> dict[str, float]:
     """Check the wheel every ``step`` seconds, like a loop would; name -> when it expired."""
@@ -71,10 +82,7 @@ def test_the_connect_deadline_is_absolute_and_discard_forgets() -> None:
 
 def test_connack_replaces_the_connect_deadline() -> None:
     wheel: KeepAliveWheel[Conn] = KeepAliveWheel()
-    conn = Conn("c")
-    wheel.await_connect(conn, now=0.0, timeout=2.0)
-    conn.last_read, conn.keep_alive_limit = 1.0, 30.0
-    wheel.watch(conn)
+    accepted_then_connected(wheel, timeout=2.0, last_read=1.0, limit=30.0)
     assert run_until(wheel, 0.0, 30.95, step=0.05) == {}
     assert "c" in run_until(wheel, 31.0, 31.5)
 
@@ -96,10 +104,7 @@ def test_an_earlier_connect_deadline_stays_and_files_the_keep_alive_check_when_d
 
 def test_a_keep_alive_shorter_than_the_connect_deadline_moves_the_check_earlier() -> None:
     wheel: KeepAliveWheel[Conn] = KeepAliveWheel()
-    conn = Conn("c")
-    wheel.await_connect(conn, now=0.0, timeout=10.0)
-    conn.last_read, conn.keep_alive_limit = 0.5, 3.0
-    wheel.watch(conn)
+    accepted_then_connected(wheel, timeout=10.0, last_read=0.5, limit=3.0)
     assert wheel.next_due() == 3.5
     assert set(run_until(wheel, 0.0, 3.8)) == {"c"}
 

@@ -128,16 +128,9 @@ class KeepAliveWheel(TimerWheel[W]):
     def await_connect(self, conn: W, now: float, timeout: float) -> bool:
         """File a new connection at its CONNECT deadline; True if a slot was opened (``add``).
 
-        In a connect storm the connections of a quarter second share one slot: joining it is
-        two dict stores."""
-        deadline = now + timeout
-        slot = math.ceil(deadline / self.resolution)
-        items = self._slots.get(slot)
-        if items is None or conn in self._slot_of:
-            return self.add(conn, deadline)
-        self._slot_of[conn] = self._numbers[slot]
-        items[conn] = None
-        return False
+        In a connect storm the connections of a quarter second share one slot, so only the
+        first of them asks for the loop timer."""
+        return self.add(conn, now + timeout)
 
     def watch(self, conn: W) -> bool:
         """CONNACK sent: check ``conn`` for silence from now on (its limit is set); True if a

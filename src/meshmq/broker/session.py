@@ -568,14 +568,12 @@ class Session:
         self.client = client
         self.detached_at = None
         self.connecting = False
-        if self.inflight:
-            for packet_id, outbound in self.inflight.items():
-                outbound.sent = outbound.released
-                if outbound.released:
-                    client.conn.send_pubrel(packet_id)
-            self._unsent = sum(not outbound.sent for outbound in self.inflight.values())
-        else:
-            self._unsent = 0
+        for packet_id, outbound in self.inflight.items():
+            outbound.sent = outbound.released
+            if outbound.released:
+                client.conn.send_pubrel(packet_id)
+        self._unsent = (sum(not outbound.sent for outbound in self.inflight.values())
+                        if self.inflight else 0)
         self.pump(now)
 
     def _resend(self, client: ClientLink, window: int, now: float) -> None:
