@@ -20,6 +20,16 @@ and creates what runs above it only once the handshake is done: with ``tls.cert_
 MQTT side carries the certificate's CN (see ``certauth.py``). Every layer with a handshake
 (TLS, WebSocket, MQTT CONNECT) has its own deadline of ``mqtt.connect_timeout``.
 
+Accepting a storm. libuv (under uvloop) accepts one connection per listening handle per loop
+turn (libuv PR 3696): with one handle, a storm's connections waiting in the accept queue cost
+a loop turn each (an ``epoll_wait``, an ``io_uring_enter`` and the loop's own work), one after
+the other. So each listening socket is polled by ``ACCEPTS_PER_TURN`` handles: the socket's
+own and ``dup`` descriptors of it, each its own asyncio server with the same protocol factory.
+They share the one accept queue, bind and port, so nothing else about the port changes (a port
+in use fails as before; closing every handle closes the socket). A turn then accepts up to 16
+connections; when fewer are queued, the handles left over get EAGAIN from ``accept4``, a few
+microseconds per connection that arrives alone, where nothing is short of CPU.
+
 A connection over a limit gets a ``Refuser`` in place of a ``ClientProtocol``: it reads the
 CONNECT, answers CONNACK 0x97 (3.1.1: 3) and closes, without touching the broker. Each layer
 holds the connection's admission ``Ticket`` and releases it when the connection is lost
@@ -57,6 +67,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshmq.listener")
 
 TLS_RECORD_HANDSHAKE = 0x16  # first byte of a TLS ClientHello
+# Handles polling each listening socket, so that a loop turn accepts up to this many queued
+# connections: libuv accepts one per handle per turn (libuv PR 3696). See the module docstring.
+ACCEPTS_PER_TURN = 16
 
 
 class ListenerError(Exception):
@@ -276,6 +289,7 @@ class Listener:
         self.admission = Admission(spec.rules, spec.max_connections, spec.max_connections_per_ip)
         self.port = 0
         self.server: asyncio.base_events.Server | None = None
+        self.twins: list[asyncio.base_events.Server] = []  # the same socket, more handles
         self.cert_username = certificates is not None and certificates.cfg.cert_username
         mqtt = broker.config.mqtt
         self.deadline = mqtt.connect_timeout
@@ -290,11 +304,17 @@ class Listener:
         else:
             factory = partial(Gate, self)
         try:
-            self.server = await loop.create_server(
+            self.server = server = await loop.create_server(
                 factory, spec.bind, spec.port, reuse_address=True, backlog=4096,
                 reuse_port=self.reuse_port or None,
             )
+            for sock in server.sockets:
+                if sock.family in (socket.AF_INET, socket.AF_INET6):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for _ in range(ACCEPTS_PER_TURN - 1):  # more handles on the same queue
+                    self.twins.append(await _twin_server(loop, factory, sock))
         except OSError as exc:
+            self.close()
             # asyncio's strerror is a sentence of its own; the errno's text is what a worker
             # node's supervisor prints for the same problem.
             reason = os.strerror(exc.errno) if exc.errno else exc.strerror or str(exc)
@@ -302,10 +322,7 @@ class Listener:
                 f"cannot listen listener={spec.name} bind={spec.bind} port={spec.port}"
                 f" error={reason}"
             ) from None
-        for sock in self.server.sockets:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.port = self.server.sockets[0].getsockname()[1]
+        self.port = server.sockets[0].getsockname()[1]
 
     def stack(self, decision: Decision, peer: str) -> asyncio.Protocol:
         """The protocols above the socket for an admitted (or over-limit) connection from
@@ -336,12 +353,28 @@ class Listener:
                         self.cert_username, ticket)
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        """Stop listening: the socket closes with the last of its handles."""
+        for server in self._servers():
+            server.close()
 
     async def wait_closed(self) -> None:
-        if self.server is not None:
-            await self.server.wait_closed()
+        for server in self._servers():
+            await server.wait_closed()
+
+    def _servers(self) -> list[asyncio.base_events.Server]:
+        return ([] if self.server is None else [self.server]) + self.twins
+
+
+async def _twin_server(loop: asyncio.AbstractEventLoop, factory: Callable[[], asyncio.Protocol],
+                       sock: socket.socket) -> asyncio.base_events.Server:
+    """A server polling the listening socket ``sock`` through a descriptor of its own (a
+    ``dup``): the same accept queue, one more accept per loop turn."""
+    twin = socket.socket(sock.family, sock.type, sock.proto, os.dup(sock.fileno()))
+    try:
+        return await loop.create_server(factory, sock=twin, backlog=4096)
+    except BaseException:
+        twin.close()
+        raise
 
 
 class Listeners:
