@@ -22,18 +22,13 @@ MQTT side carries the certificate's CN (see ``certauth.py``). Every layer with a
 
 Accepting a storm. libuv (under uvloop) accepts one connection per listening handle per loop
 turn (libuv PR 3696): with one handle, a storm's connections waiting in the accept queue cost
-a loop turn each (an ``epoll_wait``, an ``io_uring_enter`` and the loop's own work), one after
-the other. So each listening socket is polled by ``ACCEPTS_PER_TURN`` handles: the socket's
-own and ``dup`` descriptors of it, each its own asyncio server with the same protocol factory.
-They share the one accept queue, bind and port, so nothing else about the port changes (a port
-in use fails as before; closing every handle closes the socket). A turn then accepts up to 16
-connections; when fewer are queued, the handles left over get EAGAIN from ``accept4``, a few
-microseconds per connection that arrives alone, where nothing is short of CPU.
-
-A connection over a limit gets a ``Refuser`` in place of a ``ClientProtocol``: it reads the
-CONNECT, answers CONNACK 0x97 (3.1.1: 3) and closes, without touching the broker. Each layer
-holds the connection's admission ``Ticket`` and releases it when the connection is lost
-(release is idempotent, so whichever layer hears of it first frees the slot).
+a loop turn each. While connections queue, each listening socket is therefore polled by
+``ACCEPTS_PER_TURN`` handles: the socket's own and ``dup`` descriptors of it, each its own
+asyncio server with the same protocol factory, sharing the one accept queue, bind and port (a
+port in use fails as before; the socket closes with its last handle). A turn then accepts up
+to 16 connections. The extra handles cost a connection that arrives alone a wasted
+``accept4`` each, so they are opened and closed by what the accept queue shows at accept
+time (``acceptq.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +42,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from meshmq.broker.acceptq import AcceptQueueWatch, Change, can_watch, queued_connections
 from meshmq.broker.admission import Admission, Decision, NetworkRules, Ticket, Verdict
 from meshmq.broker.certauth import CertificateAuthenticator
 from meshmq.broker.layer import stream_transport
@@ -67,8 +63,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshmq.listener")
 
 TLS_RECORD_HANDSHAKE = 0x16  # first byte of a TLS ClientHello
-# Handles polling each listening socket, so that a loop turn accepts up to this many queued
-# connections: libuv accepts one per handle per turn (libuv PR 3696). See the module docstring.
+# Handles polling a listening socket while connections queue (acceptq.py): a loop turn then
+# accepts up to this many, where libuv accepts one per handle per turn (libuv PR 3696).
 ACCEPTS_PER_TURN = 16
 
 
@@ -184,6 +180,7 @@ class Gate(asyncio.Protocol):
         self.peer = "?"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.listener.accepted()
         host, peer = _peer(transport)
         self.decided(transport, peer, self.listener.admission.admit(host))
 
@@ -255,6 +252,7 @@ class TcpClientProtocol(ListenerClientProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         listener = self.listener
+        listener.accepted()
         host, peer = _peer(transport)
         ticket = listener.admission.ticket(host)
         if ticket is None:  # refused: the gate does that
@@ -290,6 +288,10 @@ class Listener:
         self.port = 0
         self.server: asyncio.base_events.Server | None = None
         self.twins: list[asyncio.base_events.Server] = []  # the same socket, more handles
+        self.watch = AcceptQueueWatch() if can_watch() else None  # when to open the twins
+        self._probe: socket.socket | None = None  # a descriptor to read the accept queue with
+        self._factory: Callable[[], asyncio.Protocol] | None = None
+        self._widening: asyncio.Task[None] | None = None
         self.cert_username = certificates is not None and certificates.cfg.cert_username
         mqtt = broker.config.mqtt
         self.deadline = mqtt.connect_timeout
@@ -311,8 +313,10 @@ class Listener:
             for sock in server.sockets:
                 if sock.family in (socket.AF_INET, socket.AF_INET6):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                for _ in range(ACCEPTS_PER_TURN - 1):  # more handles on the same queue
-                    self.twins.append(await _twin_server(loop, factory, sock))
+            if self.watch is not None and len(server.sockets) == 1:  # (several: one handle each)
+                sock = server.sockets[0]
+                self._probe = socket.socket(sock.family, sock.type, sock.proto,
+                                            os.dup(sock.fileno()))
         except OSError as exc:
             self.close()
             # asyncio's strerror is a sentence of its own; the errno's text is what a worker
@@ -323,6 +327,49 @@ class Listener:
                 f" error={reason}"
             ) from None
         self.port = server.sockets[0].getsockname()[1]
+        self._factory = factory
+
+    # ------------------------------------------------------------------ accepting a storm
+
+    def accepted(self) -> None:
+        """A connection was accepted. Once per ``watch.interval``: read the accept queue's
+        length and open or close the extra handles as the watch says (acceptq.py)."""
+        watch, probe = self.watch, self._probe
+        if watch is None or probe is None:
+            return
+        now = self.broker.loop.time()
+        if now < watch.next_look:
+            return
+        try:
+            queued = queued_connections(probe)
+        except OSError:  # (the socket is closing)
+            return
+        change = watch.looked(now, queued)
+        if change is Change.WIDEN:
+            self._widening = asyncio.get_running_loop().create_task(self._widen())
+        elif change is Change.NARROW:
+            self._narrow()
+
+    async def _widen(self) -> None:
+        """Open ``ACCEPTS_PER_TURN - 1`` more handles on the listening socket."""
+        assert self.server is not None and self._factory is not None
+        loop = asyncio.get_running_loop()
+        sock = self.server.sockets[0]
+        try:
+            while len(self.twins) < ACCEPTS_PER_TURN - 1:
+                self.twins.append(await _twin_server(loop, self._factory, sock))
+        except OSError as exc:  # (out of descriptors: one handle still accepts)
+            log.warning("cannot add accept handles listener=%s error=%s", self.spec.name, exc)
+        finally:
+            self._widening = None
+
+    def _narrow(self) -> None:
+        if self._widening is not None:
+            self._widening.cancel()
+            self._widening = None
+        twins, self.twins = self.twins, []
+        for server in twins:
+            server.close()
 
     def stack(self, decision: Decision, peer: str) -> asyncio.Protocol:
         """The protocols above the socket for an admitted (or over-limit) connection from
@@ -354,15 +401,16 @@ class Listener:
 
     def close(self) -> None:
         """Stop listening: the socket closes with the last of its handles."""
-        for server in self._servers():
-            server.close()
+        self._narrow()
+        if self.server is not None:
+            self.server.close()
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
 
     async def wait_closed(self) -> None:
-        for server in self._servers():
-            await server.wait_closed()
-
-    def _servers(self) -> list[asyncio.base_events.Server]:
-        return ([] if self.server is None else [self.server]) + self.twins
+        if self.server is not None:
+            await self.server.wait_closed()
 
 
 async def _twin_server(loop: asyncio.AbstractEventLoop, factory: Callable[[], asyncio.Protocol],
