@@ -150,6 +150,14 @@ def test_connections_one_at_a_time_keep_one_handle_and_a_calm_closes_the_others(
         listener.watch.calm = 0  # the first empty look starts the calm, the next ends it
         clients += [await lone_client(server) for _ in range(2)]
         assert listener.twins == [] and not listener.watch.widened
+        # Closing the other handles left the socket listening: a client still gets in.
+        client = await lone_client(server)
+        clients.append(client)
+        client.sendall(encode_packet(Connect(client_id="after-the-calm", protocol_level=4), 4))
+        broker = server.broker
+        assert broker is not None
+        await turns_until(lambda: "after-the-calm" in broker.sessions)
+        assert client.recv(4) == b"\x20\x02\x00\x00"
         for sock in clients:
             sock.close()
 
