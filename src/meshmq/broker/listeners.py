@@ -29,6 +29,11 @@ port in use fails as before; the socket closes with its last handle). A turn the
 to 16 connections. The extra handles cost a connection that arrives alone a wasted
 ``accept4`` each, so they are opened and closed by what the accept queue shows at accept
 time (``acceptq.py``).
+
+A connection over a limit gets a ``Refuser`` in place of a ``ClientProtocol``: it reads the
+CONNECT, answers CONNACK 0x97 (3.1.1: 3) and closes, without touching the broker. Each layer
+holds the connection's admission ``Ticket`` and releases it when the connection is lost
+(release is idempotent, so whichever layer hears of it first frees the slot).
 """
 
 from __future__ import annotations
@@ -361,7 +366,8 @@ class Listener:
         except OSError as exc:  # (out of descriptors: one handle still accepts)
             log.warning("cannot add accept handles listener=%s error=%s", self.spec.name, exc)
         finally:
-            self._widening = None
+            if self._widening is asyncio.current_task():  # (not a later widening's)
+                self._widening = None
 
     def _narrow(self) -> None:
         if self._widening is not None:
