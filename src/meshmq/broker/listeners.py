@@ -292,10 +292,16 @@ class Listener:
         self.admission = Admission(spec.rules, spec.max_connections, spec.max_connections_per_ip)
         self.port = 0
         self.server: asyncio.base_events.Server | None = None
+        self.factory: Callable[[], asyncio.Protocol]  # what each accepted socket starts with
+        if not spec.tls and spec.path is None:  # plain MQTT, the common case: no gate
+            self.factory = TcpClientProtocol.for_listener(self)
+        else:
+            self.factory = partial(Gate, self)
         self.twins: list[asyncio.base_events.Server] = []  # the same socket, more handles
-        self.watch = AcceptQueueWatch() if can_watch() else None  # when to open the twins
-        self._probe: socket.socket | None = None  # a descriptor to read the accept queue with
-        self._factory: Callable[[], asyncio.Protocol] | None = None
+        # When to open the twins, and a descriptor of the socket to read its accept queue and
+        # make the twins with: both set at start, where the platform tells the queue's length.
+        self.watch: AcceptQueueWatch | None = None
+        self._probe: socket.socket | None = None
         self._widening: asyncio.Task[None] | None = None
         self.cert_username = certificates is not None and certificates.cfg.cert_username
         mqtt = broker.config.mqtt
@@ -305,23 +311,19 @@ class Listener:
     async def start(self) -> None:
         spec = self.spec
         loop = asyncio.get_running_loop()
-        factory: Callable[[], asyncio.Protocol]
-        if not spec.tls and spec.path is None:  # plain MQTT, the common case: no gate
-            factory = TcpClientProtocol.for_listener(self)
-        else:
-            factory = partial(Gate, self)
         try:
             self.server = server = await loop.create_server(
-                factory, spec.bind, spec.port, reuse_address=True, backlog=4096,
+                self.factory, spec.bind, spec.port, reuse_address=True, backlog=4096,
                 reuse_port=self.reuse_port or None,
             )
             for sock in server.sockets:
                 if sock.family in (socket.AF_INET, socket.AF_INET6):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.watch is not None and len(server.sockets) == 1:  # (several: one handle each)
+            if can_watch() and len(server.sockets) == 1:  # (several: one handle each)
                 sock = server.sockets[0]
                 self._probe = socket.socket(sock.family, sock.type, sock.proto,
                                             os.dup(sock.fileno()))
+                self.watch = AcceptQueueWatch()
         except OSError as exc:
             self.close()
             # asyncio's strerror is a sentence of its own; the errno's text is what a worker
@@ -332,21 +334,20 @@ class Listener:
                 f" error={reason}"
             ) from None
         self.port = server.sockets[0].getsockname()[1]
-        self._factory = factory
 
     # ------------------------------------------------------------------ accepting a storm
 
     def accepted(self) -> None:
         """A connection was accepted. Once per ``watch.interval``: read the accept queue's
         length and open or close the extra handles as the watch says (acceptq.py)."""
-        watch, probe = self.watch, self._probe
-        if watch is None or probe is None:
+        watch = self.watch
+        if watch is None:
             return
         now = self.broker.loop.time()
-        if now < watch.next_look:
+        if now < watch.next_look or self._probe is None:
             return
         try:
-            queued = queued_connections(probe)
+            queued = queued_connections(self._probe)
         except OSError:  # (the socket is closing)
             return
         change = watch.looked(now, queued)
@@ -357,12 +358,10 @@ class Listener:
 
     async def _widen(self) -> None:
         """Open ``ACCEPTS_PER_TURN - 1`` more handles on the listening socket."""
-        assert self.server is not None and self._factory is not None
         loop = asyncio.get_running_loop()
-        sock = self.server.sockets[0]
         try:
-            while len(self.twins) < ACCEPTS_PER_TURN - 1:
-                self.twins.append(await _twin_server(loop, self._factory, sock))
+            while len(self.twins) < ACCEPTS_PER_TURN - 1 and self._probe is not None:
+                self.twins.append(await _twin_server(loop, self.factory, self._probe))
         except OSError as exc:  # (out of descriptors: one handle still accepts)
             log.warning("cannot add accept handles listener=%s error=%s", self.spec.name, exc)
         finally:
