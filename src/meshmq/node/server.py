@@ -14,7 +14,6 @@ import gc
 import ipaddress
 import logging
 import os
-import resource
 import signal
 import tempfile
 from collections.abc import Callable, Coroutine
@@ -35,6 +34,7 @@ from meshmq.log.errors import LogConfigError, LogError
 from meshmq.logsetup import kv
 from meshmq.node.admin import AdminError
 from meshmq.node.admin.views import WorkerViews
+from meshmq.node.descriptors import raise_file_limit, reserve_descriptors
 from meshmq.node.reload import ConfigReloader, ConfigSource
 from meshmq.node.webhooks import CLOSE_GRACE, Webhooks
 
@@ -298,26 +298,10 @@ def run_worker(config: BrokerConfig, worker: WorkerSpec, ready: Callable[[], Non
     return _run(serve(config, worker, ready, reloader))
 
 
-def raise_file_limit() -> int:
-    """Raise this process's soft limit on open files to its hard limit; return it.
-
-    Every connection is a descriptor, and the usual soft limit (1024) would refuse a reconnect
-    storm of a few thousand clients at accept (EMFILE) whatever ``limits.connect_burst`` says;
-    the hard limit is the administrator's real bound (``ulimit -Hn``, systemd LimitNOFILE)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError) as exc:
-            log.warning("cannot raise the open files limit soft=%d hard=%d: %s", soft, hard, exc)
-    return soft
-
-
 def _run(main: Coroutine[Any, Any, int]) -> int:
     limit = raise_file_limit()
-    log.debug("open files limit=%d", limit)
+    reserved = reserve_descriptors(limit)  # before any thread starts (descriptors.py)
+    log.debug("open files limit=%d descriptor table=%d", limit, reserved)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on supported platforms
