@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import resource
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from conftest import start_broker, wait_for
 from meshmq.mqtt.codec import encode_packet
@@ -60,7 +64,21 @@ async def _storm(port: int, count: int) -> Counter[int]:
             writer.close()
 
 
-def test_a_broker_grows_its_table_at_start_and_a_storm_does_not_grow_it(tmp_path: Path) -> None:
+@pytest.fixture
+def room_for_clients() -> Iterator[None]:
+    """This test process's own soft limit raised for the storm's client sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < STORM + 256:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below {STORM + 256}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_broker_grows_its_table_at_start_and_a_storm_does_not_grow_it(
+        tmp_path: Path, room_for_clients: None) -> None:
     broker = start_broker(tmp_path)
     try:
         pid = broker.proc.pid
