@@ -10,8 +10,8 @@ descriptor does not fit (``expand_files``). In a process with more than one thre
 has its log writer, its state store and its password checks off the loop) every doubling
 waits for an RCU grace period (``expand_fdtable`` calls ``synchronize_rcu`` when the table is
 shared) while the thread that asked, here the event loop inside ``accept4``, sleeps. A storm
-of 10,000 connections doubles the table 8 times; measured on a 2-core VM, each wait took 10 to
-20 ms, the loop accepting and answering nothing meanwhile, and together they were a fifth of
+of 10,000 connections doubles the table 8 times; measured on a 2-core VM, each wait took 8 to
+23 ms, the loop accepting and answering nothing meanwhile, and together they were a fifth of
 the storm's time (``docs/benchmarks.md``, "The descriptor table"). A single-threaded server
 such as Mosquitto never waits.
 
