@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from meshmq.mqtt.codec import encode_packet
+from meshmq.mqtt.packets import Connect
 from rawclient import RawClient
 
 WAIT = 10.0  # seconds any condition may take before a test fails
@@ -103,6 +107,33 @@ def start_broker(tmp_path: Path, config: str = "", name: str = "broker",
         proc.wait()
         raise
     return broker
+
+
+async def _connect_one(port: int, index: int, version: int, gate: asyncio.Semaphore,
+                       held: list[asyncio.StreamWriter]) -> int:
+    """CONNECT one client and keep its socket open; return the CONNACK reason code."""
+    async with gate:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(encode_packet(Connect(f"storm-{index}", version, keep_alive=600), version))
+        header = await reader.readexactly(4)  # CONNACK: 2-byte fixed header, flags, code
+        held.append(writer)
+        if version == 5:
+            await reader.readexactly(header[1] - 2)  # the properties
+        return header[3]
+
+
+async def connect_storm(port: int, count: int, version: int, in_flight: int = 200) -> Counter[int]:
+    """``count`` clients CONNECT, ``in_flight`` handshakes at a time, and all stay connected
+    until the last is answered; the CONNACK reason codes, counted."""
+    gate = asyncio.Semaphore(in_flight)
+    held: list[asyncio.StreamWriter] = []
+    try:
+        codes = await asyncio.gather(*(_connect_one(port, i, version, gate, held)
+                                       for i in range(count)))
+    finally:
+        for writer in held:
+            writer.close()
+    return Counter(codes)
 
 
 @pytest.fixture

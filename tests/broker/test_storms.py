@@ -18,14 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_broker
+from conftest import connect_storm, start_broker
 from meshmq.auth.passwords import hash_password, write_password_file
-from meshmq.mqtt.codec import encode_packet
 from meshmq.mqtt.packets import Connack, Connect, Disconnect, Pingreq, Pingresp
 from rawclient import RawClient
 
 STORM = 3000  # clients: three times the old default burst, CI-sized (a few seconds)
-IN_FLIGHT = 200  # handshakes under way at once
 
 
 @pytest.fixture
@@ -42,31 +40,6 @@ def low_file_limit() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-async def _connect_one(port: int, index: int, version: int, gate: asyncio.Semaphore,
-                       held: list[asyncio.StreamWriter]) -> int:
-    """CONNECT one client and keep its socket open; return the CONNACK reason code."""
-    async with gate:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(encode_packet(Connect(f"storm-{index}", version, keep_alive=600), version))
-        header = await reader.readexactly(4)  # CONNACK: 2-byte fixed header, flags, code
-        held.append(writer)
-        if version == 5:
-            await reader.readexactly(header[1] - 2)  # the properties
-        return header[3]
-
-
-async def _storm(port: int, count: int, version: int) -> Counter[int]:
-    gate = asyncio.Semaphore(IN_FLIGHT)
-    held: list[asyncio.StreamWriter] = []
-    try:
-        codes = await asyncio.gather(*(_connect_one(port, i, version, gate, held)
-                                       for i in range(count)))
-    finally:
-        for writer in held:
-            writer.close()
-    return Counter(codes)
-
-
 @pytest.mark.parametrize("version", [4, 5])
 def test_a_storm_of_3000_clients_all_get_in_with_the_defaults(tmp_path: Path, low_file_limit,
                                                                version: int) -> None:
@@ -74,7 +47,7 @@ def test_a_storm_of_3000_clients_all_get_in_with_the_defaults(tmp_path: Path, lo
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # for this test's own clients
     try:
-        codes = asyncio.run(_storm(broker.port, STORM, version))
+        codes = asyncio.run(connect_storm(broker.port, STORM, version))
         assert codes == Counter({0: STORM}), f"CONNACK codes {dict(codes)}"
         assert "why='connect rate'" not in broker.log()
     finally:

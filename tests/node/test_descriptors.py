@@ -19,9 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_broker, wait_for
-from meshmq.mqtt.codec import encode_packet
-from meshmq.mqtt.packets import Connect
+from conftest import connect_storm, start_broker, wait_for
 from meshmq.node.descriptors import RESERVED_DESCRIPTORS
 
 STORM = 1500  # clients: more than a 1024-slot table holds
@@ -43,25 +41,6 @@ def file_limit(pid: int) -> int:
     match = re.search(r"^Max open files\s+(\d+)", Path(f"/proc/{pid}/limits").read_text(), re.M)
     assert match is not None
     return int(match.group(1))
-
-
-async def _storm(port: int, count: int) -> Counter[int]:
-    """``count`` clients CONNECT, 200 at a time, and all stay connected until the end."""
-    gate = asyncio.Semaphore(200)
-    held: list[asyncio.StreamWriter] = []
-
-    async def one(index: int) -> int:
-        async with gate:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            held.append(writer)
-            writer.write(encode_packet(Connect(f"fd-{index}", 4, keep_alive=600), 4))
-            return (await reader.readexactly(4))[3]
-
-    try:
-        return Counter(await asyncio.gather(*(one(i) for i in range(count))))
-    finally:
-        for writer in held:
-            writer.close()
 
 
 @pytest.fixture
@@ -86,7 +65,7 @@ def test_a_broker_grows_its_table_at_start_and_a_storm_does_not_grow_it(
         before = table_size(pid)
         assert before >= wanted
         assert max(open_descriptors(pid)) < 1000  # the slot used to grow it was closed
-        codes = asyncio.run(_storm(broker.port, STORM))
+        codes = asyncio.run(connect_storm(broker.port, STORM, 4))
         assert codes == Counter({0: STORM}), f"CONNACK codes {dict(codes)}"
         assert table_size(pid) == before  # no growth, hence no wait, during the storm
     finally:

@@ -352,7 +352,7 @@ class Listener:
             return
         change = watch.looked(now, queued)
         if change is Change.WIDEN:
-            self._widening = asyncio.get_running_loop().create_task(self._widen())
+            self._widening = self.broker.loop.create_task(self._widen())
         elif change is Change.NARROW:
             self._narrow()
 
