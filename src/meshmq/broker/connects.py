@@ -79,9 +79,10 @@ class Connects:
         if code:
             self.reject(client, code, "authentication")
             client.close()
-        elif packet.client_id and self._refusal(packet, client.conn.version == MQTT_5) is None \
-                and self.broker.directory.claim(packet.client_id, packet.clean_start,
-                                                partial(self._claimed, client, packet)):
+        elif packet.client_id and not (directory := self.broker.directory).alone \
+                and self._refusal(packet, client.conn.version == MQTT_5) is None \
+                and directory.claim(packet.client_id, packet.clean_start,
+                                    partial(self._claimed, client, packet)):
             # Another router may hold this client's session: it comes here first.
             if client.held is None:
                 client.hold()

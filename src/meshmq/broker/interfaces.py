@@ -139,6 +139,11 @@ class RetainedMessages(Protocol):
 class SessionDirectory(Protocol):
     """Which router holds each client id's session."""
 
+    @property
+    def alone(self) -> bool:
+        """True while no one else can hold a session (``claim`` would return False): the
+        CONNECT path then skips the claim and the callback it would need."""
+
     def claim(self, client_id: str, clean_start: bool,
               done: Callable[[list[Session]], None]) -> bool:
         """A CONNECT for ``client_id`` is accepted here: take its session over from wherever

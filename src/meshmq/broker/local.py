@@ -71,6 +71,8 @@ class LocalRetained:
 class LocalDirectory:
     """Every session is here: a CONNECT never has to claim one from elsewhere."""
 
+    alone = True
+
     def claim(self, client_id: str, clean_start: bool,
               done: Callable[[list[Session]], None]) -> bool:
         return False

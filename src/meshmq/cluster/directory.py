@@ -127,6 +127,10 @@ class Directory:
 
     # ------------------------------------------------------------------ the core's interface
 
+    @property
+    def alone(self) -> bool:
+        return not self.mesh.linked
+
     def claim(self, client_id: str, clean_start: bool,
               done: Callable[[list[Session]], None]) -> bool:
         if not self.mesh.linked:

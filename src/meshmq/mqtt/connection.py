@@ -125,6 +125,11 @@ _NO_ALIASES: dict[int, str] = {}
 # The events of a connection with none pending: shared, never appended to (``receive_data``
 # gives a connection a list of its own first), so an idle client holds no list (56 bytes).
 _NO_EVENTS: list[Packet] = []
+# Shared empty lists for the input buffer and the output queue: never appended to (each is
+# replaced by a list of its own when it gets something), so an idle connection owns neither
+# (112 bytes and two objects the garbage collector walks, per connection).
+_NO_BUFFER: list[bytes] = []
+_NO_OUTPUT: list[bytes] = []
 
 
 class ServerConnection:
@@ -199,11 +204,11 @@ class ServerConnection:
         self.outgoing_alias_maximum = 0
         self.outgoing_aliases: OutgoingAliases | None = None
         self.problem_information = True
-        self._buffer: list[bytes] = []
+        self._buffer: list[bytes] = _NO_BUFFER  # a partial packet's pieces
         self._need = 0
         self._more = False
         self._events: list[Packet] = _NO_EVENTS
-        self._out: list[bytes] = []
+        self._out: list[bytes] = _NO_OUTPUT  # frames queued; ``_queue`` appends
         # Bytes queued by ``send_frame`` and not yet taken by ``data_to_send`` (read it, never
         # set it): a plain attribute rather than a property, as it is read per delivery.
         self.pending_output = 0
@@ -238,7 +243,7 @@ class ServerConnection:
             if self._need > 0:
                 return
             data = b"".join(self._buffer)
-            self._buffer = []
+            self._buffer = _NO_BUFFER
         pos = 0
         end = len(data)
         try:
@@ -382,7 +387,7 @@ class ServerConnection:
                 # CONNACK refuses).
                 self._pings_before_connack += 1
             else:
-                self._out.append(_PINGRESP)
+                self._queue(_PINGRESP)
             return
         elif packet.type is _PUBREL:
             self._qos2_in.discard(packet.packet_id)
@@ -505,7 +510,7 @@ class ServerConnection:
 
     def _fail(self, exc: RemoteProtocolError) -> None:
         self.error = exc
-        self._buffer = []
+        self._buffer = _NO_BUFFER
         code = exc.reason_code
         if self.state is AWAIT_CONNECT or self.state is CONNECTING:
             # The CONNECT is refused here: the broker must not act on it nor on what follows.
@@ -514,13 +519,13 @@ class ServerConnection:
             if connect is not None and connect.protocol_level == MQTT_5:
                 if code not in CONNACK_REASON_CODES:  # e.g. 0x94 from a PUBLISH sent early
                     code = ReasonCode.PROTOCOL_ERROR
-                self._out.append(encode_packet(Connack(False, code), MQTT_5))
+                self._queue(encode_packet(Connack(False, code), MQTT_5))
             elif code in _CONNACK_311_REFUSALS:  # 3.1/3.1.1: other errors just close
-                self._out.append(encode_packet(Connack(False, connack_code_311(code)), MQTT_311))
+                self._queue(encode_packet(Connack(False, connack_code_311(code)), MQTT_311))
         elif self.version == MQTT_5:
             if code not in DISCONNECT_REASON_CODES:  # e.g. 0x84 from a second CONNECT
                 code = ReasonCode.PROTOCOL_ERROR
-            self._out.append(encode_packet(Disconnect(code), MQTT_5))
+            self._queue(encode_packet(Disconnect(code), MQTT_5))
         self.state = CLOSED
 
     # ------------------------------------------------------------------ output
@@ -530,7 +535,7 @@ class ServerConnection:
         if not self._out:
             return b""
         out = self._out
-        self._out = []
+        self._out = _NO_OUTPUT
         self.pending_output = 0
         return out[0] if len(out) == 1 else b"".join(out)
 
@@ -542,9 +547,20 @@ class ServerConnection:
         size = len(frame)
         if size > self.client_max_packet_size:
             return False
-        self._out.append(frame)
+        out = self._out  # (``_queue`` inline: this runs per delivery)
+        if out is _NO_OUTPUT:
+            self._out = [frame]
+        else:
+            out.append(frame)
         self.pending_output += size
         return True
+
+    def _queue(self, frame: bytes) -> None:
+        """Queue a frame of our own (CONNACK, PINGRESP, DISCONNECT: never too large)."""
+        if self._out is _NO_OUTPUT:
+            self._out = [frame]
+        else:
+            self._out.append(frame)
 
     def send(self, packet: PacketWithProperties) -> bool:
         """Encode and queue ``packet`` for this client's protocol version."""
@@ -575,20 +591,21 @@ class ServerConnection:
         if self.version == MQTT_5:
             present = session_present and reason_code == 0
             if isinstance(properties, bytes):
-                self._out.append(encode_connack_5(present, reason_code, properties))
+                self._queue(encode_connack_5(present, reason_code, properties))
             else:
                 packet = Connack(present, reason_code, properties or {})
-                self._out.append(encode_packet(packet, MQTT_5))
+                self._queue(encode_packet(packet, MQTT_5))
         else:  # 3.1 has no session present flag: that byte is reserved
             code = connack_code_311(reason_code)
             present = session_present and code == 0 and self.version == MQTT_311
-            self._out.append(_CONNACK_311[present][code])
+            self._queue(_CONNACK_311[present][code])
         if reason_code >= 0x80:
             self.state = CLOSED
         else:
             self.state = CONNECTED
             if self._pings_before_connack:
-                self._out.extend([_PINGRESP] * self._pings_before_connack)
+                for _ in range(self._pings_before_connack):
+                    self._queue(_PINGRESP)
                 self._pings_before_connack = 0
             connect = self.connect
             if connect is not None:  # an idle connection need not hold its CONNECT packet
@@ -649,7 +666,7 @@ class ServerConnection:
     def send_disconnect(self, reason_code: int, properties: Properties | None = None) -> None:
         """Tell a 5.0 client why we close (3.1.1 has no server DISCONNECT), then close."""
         if self.state is CONNECTED and self.version == MQTT_5:
-            self._out.append(encode_packet(Disconnect(reason_code, properties or {}), MQTT_5))
+            self._queue(encode_packet(Disconnect(reason_code, properties or {}), MQTT_5))
         self.state = CLOSED
 
     def statistics(self) -> dict[str, int]:
