@@ -21,6 +21,7 @@ from meshmq.broker.admission import (
     MAX_REFUSING,
     Admission,
     NetworkRules,
+    Ticket,
     Verdict,
     parse_networks,
     peer_address,
@@ -89,7 +90,8 @@ def test_a_bad_cidr_is_a_one_line_config_error(key) -> None:
 # ---------------------------------------------------------------------------- bookkeeping
 
 hosts = st.sampled_from(["10.0.0.1", "10.0.0.2", "::ffff:10.0.0.1", "192.0.2.9"])
-operations = st.lists(st.one_of(st.tuples(st.sampled_from(["admit", "ticket"]), hosts),
+operations = st.lists(st.one_of(st.tuples(st.sampled_from(["admit", "ticket", "admitted"]),
+                                          hosts),
                                 st.tuples(st.just("release"), st.integers(0, 50))), max_size=80)
 
 
@@ -105,10 +107,10 @@ def test_admission_counts_stay_consistent(ops, max_connections, per_ip, max_refu
                 assert decision.verdict is Verdict.DENIED and decision.ticket is None
             if decision.ticket is not None:
                 held.append(decision.ticket)
-        elif op == "ticket":  # the accept path of the tcp listener: admit() only on a refusal
-            counts = (admission.active, admission.refusing, dict(admission.per_ip),
-                      dict(admission.counters))
-            ticket = admission.ticket(arg)
+        elif op in ("ticket", "admitted"):  # admit() only on a refusal; "admitted": the
+            counts = (admission.active, admission.refusing,  # tcp listener's accept path
+                      dict(admission.per_ip), dict(admission.counters))
+            ticket = admission.ticket(arg) if op == "ticket" else admission.admitted(arg)
             if ticket is None:  # nothing counted; admit() refuses it and says why
                 assert counts == (admission.active, admission.refusing, admission.per_ip,
                                   admission.counters)
@@ -118,9 +120,7 @@ def test_admission_counts_stay_consistent(ops, max_connections, per_ip, max_refu
             if ticket is not None:
                 held.append(ticket)
         elif held:
-            ticket = held.pop(arg % len(held))
-            ticket.release()
-            ticket.release()  # a second release changes nothing
+            release(admission, held.pop(arg % len(held)))
         assert admission.active == sum(admission.per_ip.values())
         assert all(count > 0 for count in admission.per_ip.values())
         assert not max_connections or admission.active <= max_connections
@@ -128,8 +128,18 @@ def test_admission_counts_stay_consistent(ops, max_connections, per_ip, max_refu
         assert 0 <= admission.refusing <= max_refusing
         assert "::ffff:10.0.0.1" not in admission.per_ip  # counted as 10.0.0.1
     for ticket in held:
-        ticket.release()
+        release(admission, ticket)
     assert (admission.active, admission.refusing, admission.per_ip) == (0, 0, {})
+
+
+def release(admission: Admission, held: Ticket | str) -> None:
+    """A ticket is released twice (the second call changes nothing); a key from ``admitted``
+    once, as its holder must."""
+    if isinstance(held, str):
+        admission.release(held)
+    else:
+        held.release()
+        held.release()
 
 
 # ---------------------------------------------------------------------------- a real broker

@@ -10,7 +10,8 @@ socket, before reading a byte, and gets a ``Decision``:
   closed at once; nothing is read from it.
 * ``ADMITTED`` with a ``Ticket``: the connection counts against ``max_connections`` and
   ``max_connections_per_ip`` until ``ticket.release()`` (called exactly when the connection is
-  gone; further calls do nothing).
+  gone; further calls do nothing). ``admitted`` is the same without the ``Ticket`` object,
+  for a caller that keeps the key and calls ``release(key)`` once itself.
 * ``OVER_LIMIT`` with a ``Ticket``: a limit is reached. The connection is kept only long enough
   to read its CONNECT and answer CONNACK 0x97 Quota exceeded (3.1.1: 3 Server unavailable).
   Such refusals are counted separately and bounded by ``max_refusing``, so a flood of surplus
@@ -132,6 +133,13 @@ class Admission:
         """The ticket of a connection from ``host`` that is simply admitted (counted), or None
         with nothing counted: then ``admit`` says what to do with it. The accept path of a
         storm: no ``Decision`` is made for the common case."""
+        key = self.admitted(host)
+        return None if key is None else Ticket(self, key, refusal=False)
+
+    def admitted(self, host: str) -> str | None:
+        """``ticket`` without the ``Ticket``: the key its count is under, for the caller to
+        give back exactly once with ``release(key)`` (the plain tcp listener's connections,
+        which hold it in a slot of their own: one object less per connection)."""
         rules = self.rules
         if (rules.allow or rules.deny) and not rules.permits(peer_address(host)):
             return None
@@ -141,7 +149,11 @@ class Admission:
         self.counters["admitted"] += 1
         self.active += 1
         self.per_ip[key] = self.per_ip.get(key, 0) + 1
-        return Ticket(self, key, refusal=False)
+        return key
+
+    def release(self, key: str) -> None:
+        """Give back the count of a connection ``admitted`` under ``key`` (once per key)."""
+        self._release(key, False)
 
     def admit(self, host: str) -> Decision:
         """Decide for a connection from ``host``; the caller must act on the verdict."""

@@ -237,7 +237,7 @@ class Gate(asyncio.Protocol):
             self.inner.resume_writing()
 
 
-class TcpClientProtocol(ListenerClientProtocol):
+class TcpClientProtocol(ClientProtocol):
     """MQTT straight on a plain TCP socket (the ``tcp`` listener), with the gate's work done in
     place: a connection costs one protocol object and no hand-over. Admission happens at
     accept; a connection that is not simply admitted is handed to a ``Gate``, which refuses
@@ -245,11 +245,12 @@ class TcpClientProtocol(ListenerClientProtocol):
     (``NotConnect``) and logged as the gate logs it. Each listener makes a subclass naming
     itself (``for_listener``), so that no connection holds a reference to it."""
 
-    __slots__ = ()
+    __slots__ = ("admission_key",)  # its admission count's key (no Ticket object)
     listener: ClassVar[Listener]
 
-    def __init__(self) -> None:  # (the ticket is set at accept)
+    def __init__(self) -> None:  # (admitted at accept)
         ClientProtocol.__init__(self, self.listener.broker)
+        self.admission_key: str | None = None
 
     @classmethod
     def for_listener(cls, listener: Listener) -> type[TcpClientProtocol]:
@@ -259,15 +260,24 @@ class TcpClientProtocol(ListenerClientProtocol):
         listener = self.listener
         listener.accepted()
         host, peer = _peer(transport)
-        ticket = listener.admission.ticket(host)
-        if ticket is None:  # refused: the gate does that
+        key = listener.admission.admitted(host)
+        if key is None:  # refused: the gate does that
             gate = Gate(listener)
             transport.set_protocol(gate)
             gate.decided(transport, peer, listener.admission.admit(host))
             return
-        self.ticket = ticket
+        self.admission_key = key
         self.peer = peer
         super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            ClientProtocol.connection_lost(self, exc)
+        finally:
+            key = self.admission_key
+            if key is not None:
+                self.admission_key = None
+                self.listener.admission.release(key)
 
     def _log_protocol_error(self, error: RemoteProtocolError) -> None:
         if isinstance(error, NotConnect) and error.first_byte == TLS_RECORD_HANDSHAKE:
