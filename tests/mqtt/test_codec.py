@@ -191,6 +191,7 @@ def test_chunked_feeding_equals_one_chunk(cases, data) -> None:
     assert pieces.events_received() == expected
     assert repr(pieces.error) == repr(whole.error)
     assert pieces.data_to_send() == whole.data_to_send()
+    assert_shared_empties_untouched()
 
 
 @given(st.binary(max_size=200), st.sampled_from([4, 5]))
@@ -215,6 +216,16 @@ def test_byte_at_a_time_equals_one_chunk_for_random_input(data: bytes) -> None:
     assert (many.error is None) == (one.error is None)
     if one.error is not None:
         assert many.error.reason_code == one.error.reason_code
+    assert one.data_to_send() == many.data_to_send()  # (the answers to what was parsed)
+    assert_shared_empties_untouched()
+
+
+def assert_shared_empties_untouched() -> None:
+    """The empty buffer and output lists every idle connection shares stay empty."""
+    from meshmq.mqtt import connection
+
+    assert connection._NO_BUFFER == [] and connection._NO_OUTPUT == []
+    assert connection._NO_EVENTS == []
 
 
 # ---------------------------------------------------------------- spec rules
