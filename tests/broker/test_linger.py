@@ -106,3 +106,35 @@ def test_silent_peer_is_cut_off_after_the_time_bound(monkeypatch, run: Runner) -
         server.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("run", RUNNERS)
+def test_many_lingering_sockets_share_one_timer_and_each_is_cut_off(monkeypatch,
+                                                                     run: Runner) -> None:
+    """Fifty silent peers linger at once: one queue entry each and one loop timer, and every
+    socket is closed at its time bound; one peer that closes early is let go at once and its
+    entry, when it comes due, does nothing."""
+    monkeypatch.setattr(linger, "LINGER_SECONDS", 1.5)  # (set-up of fifty well inside it)
+
+    async def scenario() -> None:
+        server, made = await serve_one()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        writers = [(await last_words(server))[1] for _ in range(50)]
+        deadlines = linger._deadlines_of(loop)
+        assert len(deadlines.waiting) == 50
+        assert deadlines._timer is not None  # one timer for all fifty
+        early = made[0].transport.get_protocol()  # type: ignore[union-attr]
+        assert isinstance(early, Linger)
+        writers[0].close()  # this peer closes: its socket ends now, not at the bound
+        first_lost = await asyncio.wait_for(made[0].lost, 1)
+        assert first_lost - started < 1.5  # before its bound
+        assert early.previous is None and early.transport is None  # nothing held after
+        lost_at = await asyncio.wait_for(asyncio.gather(*(p.lost for p in made[1:])), 10)
+        assert all(1.45 <= at - started < 6.0 for at in lost_at)  # (milliseconds in uvloop)
+        assert not deadlines.waiting and deadlines._timer is None
+        for writer in writers[1:]:
+            writer.close()
+        server.close()
+
+    run(scenario())

@@ -12,7 +12,11 @@ that says why is lost. So we close in two steps:
    ``LINGER_BYTES`` have arrived, or ``LINGER_SECONDS`` have passed; then close the socket.
 
 The bounds keep a peer that never stops from holding a socket: at worst a closing connection
-costs ``LINGER_SECONDS`` of a socket and ``LINGER_BYTES`` of reading. ``Linger`` takes over a
+costs ``LINGER_SECONDS`` of a socket and ``LINGER_BYTES`` of reading. The time bound needs no
+timer per socket: every socket lingers the same ``LINGER_SECONDS``, so the order in which they
+start lingering is the order of their deadlines. One queue per event loop keeps them in that
+order with one loop timer, set for the oldest (``LingerDeadlines``): a storm of refusals or a
+mass disconnect costs a deque entry per socket, not a libuv timer each. ``Linger`` takes over a
 TCP transport's protocol for that time and hands ``connection_lost`` on to the protocol it
 replaced (the layers above learn of the socket's end as before). The layers with a closing
 handshake do theirs first: TLS sends close_notify, WebSocket a close frame (tlslayer.py,
@@ -22,8 +26,10 @@ websocket.py), then their socket lingers the same way.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
+from meshmq.broker.deadlines import TIMER_SLACK
 from meshmq.broker.layer import StackedLayer
 
 LINGER_SECONDS = 2.0  # longest a closing connection keeps reading what the peer still sends
@@ -42,19 +48,55 @@ def close_gracefully(transport: Any) -> None:
         Linger(transport, protocol).start()
 
 
+class LingerDeadlines:
+    """The sockets lingering on one event loop, oldest first, and the one timer for them."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiting: deque[tuple[float, Linger]] = deque()  # (deadline, linger), in order
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, linger: Linger) -> None:
+        deadline = self.loop.time() + LINGER_SECONDS
+        self.waiting.append((deadline, linger))
+        if self._timer is None:
+            self._timer = self.loop.call_at(deadline + TIMER_SLACK, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        waiting, now = self.waiting, self.loop.time()
+        while waiting and waiting[0][0] <= now:
+            waiting.popleft()[1].time_is_up()
+        if waiting:  # (a timer may fire a little early: then the oldest is not due yet)
+            self._timer = self.loop.call_at(waiting[0][0] + TIMER_SLACK, self._due)
+
+
+_deadlines: LingerDeadlines | None = None  # the running loop's (a new loop makes its own)
+
+
+def _deadlines_of(loop: asyncio.AbstractEventLoop) -> LingerDeadlines:
+    global _deadlines
+    if _deadlines is None or _deadlines.loop is not loop:
+        _deadlines = LingerDeadlines(loop)
+    return _deadlines
+
+
 class Linger(asyncio.Protocol):
     """The protocol of a socket being closed: half-closed, draining the peer, bounded."""
 
+    __slots__ = ("dropped", "previous", "transport")
+
     def __init__(self, transport: asyncio.Transport, previous: asyncio.BaseProtocol) -> None:
-        self.transport = transport
-        self.previous = previous  # told of connection_lost, as if it had stayed
+        # Both None once the socket is gone: the deadline queue may hold this a while longer.
+        self.transport: asyncio.Transport | None = transport
+        self.previous: asyncio.BaseProtocol | None = previous  # told of connection_lost
         self.dropped = 0
-        self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         transport = self.transport
+        assert transport is not None
         transport.set_protocol(self)
-        self._timer = asyncio.get_running_loop().call_later(LINGER_SECONDS, self._give_up)
+        _deadlines_of(asyncio.get_running_loop()).add(self)
         if transport.can_write_eof():
             transport.write_eof()  # FIN once the write buffer is flushed
         if not transport.is_reading():
@@ -68,17 +110,21 @@ class Linger(asyncio.Protocol):
     def eof_received(self) -> bool:
         return False  # the peer is done too: the transport closes (after our FIN)
 
+    def time_is_up(self) -> None:
+        """``LINGER_SECONDS`` have passed since ``start`` (``LingerDeadlines``)."""
+        if self.transport is not None:
+            self._give_up()
+
     def _give_up(self) -> None:
         """A bound is reached: close now, even if output is still unread (abort: a peer that
         reads nothing must not keep the socket through ``close()``'s wait for the buffer)."""
-        self._timer = None
-        self.transport.abort()
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.previous.connection_lost(exc)
+        previous, self.previous, self.transport = self.previous, None, None
+        if previous is not None:
+            previous.connection_lost(exc)
 
     def pause_writing(self) -> None:
         pass  # nothing is written any more

@@ -176,14 +176,18 @@ def decode_binary(data: bytes, pos: int, end: int) -> tuple[bytes, int]:
 
 def decode_utf8(data: bytes, pos: int, end: int) -> tuple[str, int]:
     """Decode a UTF-8 Encoded String (spec 1.5.4): well-formed, no surrogates, no U+0000."""
-    raw, pos = decode_binary(data, pos, end)
-    try:
-        text = raw.decode("utf-8")  # strict: rejects surrogates and overlong forms (MQTT-1.5.4-1)
+    if pos + 2 > end:  # (``decode_binary``'s checks, inline: a CONNECT has a few strings)
+        raise MalformedPacket("length prefix runs past the packet")
+    stop = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+    if stop > end:
+        raise MalformedPacket("string or binary data runs past the packet")
+    try:  # strict: rejects surrogates and overlong forms (MQTT-1.5.4-1)
+        text = str(data[pos + 2 : stop], "utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedPacket(f"invalid UTF-8 string: {exc.reason}") from None
     if "\x00" in text:
         raise MalformedPacket("UTF-8 string contains U+0000")  # MQTT-1.5.4-2
-    return text, pos
+    return text, stop
 
 
 # --------------------------------------------------------------------------- properties
@@ -436,7 +440,10 @@ def decode_connect(data: bytes, pos: int, end: int, version: int = 0) -> Connect
         raise MalformedPacket("password flag set without user name flag")  # MQTT-3.1.2-22
     props: Properties = {}
     if level == MQTT_5:
-        props, pos = decode_properties(data, pos, end, PacketKind.CONNECT)
+        if pos < end and data[pos] == 0:  # no properties: most CONNECTs
+            pos += 1
+        else:
+            props, pos = decode_properties(data, pos, end, PacketKind.CONNECT)
     client_id, pos = decode_utf8(data, pos, end)
     will = None
     if will_flag:
