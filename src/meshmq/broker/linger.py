@@ -29,11 +29,13 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from meshmq.broker.deadlines import TIMER_SLACK
 from meshmq.broker.layer import StackedLayer
 
 LINGER_SECONDS = 2.0  # longest a closing connection keeps reading what the peer still sends
 LINGER_BYTES = 1_048_576  # most it reads (and drops) from that peer before closing anyway
+# How late past its deadline a lingering socket may be cut off: the queue's one timer wakes
+# once per this much, for every deadline that has come by then (not once per socket).
+LINGER_SLACK = 0.05
 
 
 def close_gracefully(transport: Any) -> None:
@@ -60,7 +62,7 @@ class LingerDeadlines:
         deadline = self.loop.time() + LINGER_SECONDS
         self.waiting.append((deadline, linger))
         if self._timer is None:
-            self._timer = self.loop.call_at(deadline + TIMER_SLACK, self._due)
+            self._timer = self.loop.call_at(deadline + LINGER_SLACK, self._due)
 
     def _due(self) -> None:
         self._timer = None
@@ -68,7 +70,7 @@ class LingerDeadlines:
         while waiting and waiting[0][0] <= now:
             waiting.popleft()[1].time_is_up()
         if waiting:  # (a timer may fire a little early: then the oldest is not due yet)
-            self._timer = self.loop.call_at(waiting[0][0] + TIMER_SLACK, self._due)
+            self._timer = self.loop.call_at(waiting[0][0] + LINGER_SLACK, self._due)
 
 
 _deadlines: LingerDeadlines | None = None  # the running loop's (a new loop makes its own)
