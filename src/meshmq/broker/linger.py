@@ -77,10 +77,13 @@ _deadlines: LingerDeadlines | None = None  # the running loop's (a new loop make
 
 
 def _deadlines_of(loop: asyncio.AbstractEventLoop) -> LingerDeadlines:
+    """``loop``'s queue. Loops in other threads each get their own (the cached one is only
+    the last one used; a local keeps another thread's swap from handing over the wrong one)."""
     global _deadlines
-    if _deadlines is None or _deadlines.loop is not loop:
-        _deadlines = LingerDeadlines(loop)
-    return _deadlines
+    deadlines = _deadlines
+    if deadlines is None or deadlines.loop is not loop:
+        deadlines = _deadlines = LingerDeadlines(loop)
+    return deadlines
 
 
 class Linger(asyncio.Protocol):
