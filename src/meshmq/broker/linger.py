@@ -116,9 +116,9 @@ class Linger(asyncio.Protocol):
         return False  # the peer is done too: the transport closes (after our FIN)
 
     def time_is_up(self) -> None:
-        """``LINGER_SECONDS`` have passed since ``start`` (``LingerDeadlines``)."""
-        if self.transport is not None:
-            self._give_up()
+        """``LINGER_SECONDS`` have passed since ``start`` (``LingerDeadlines``); nothing is
+        left to do if the socket is gone already."""
+        self._give_up()
 
     def _give_up(self) -> None:
         """A bound is reached: close now, even if output is still unread (abort: a peer that
