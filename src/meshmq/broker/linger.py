@@ -68,7 +68,7 @@ class LingerDeadlines:
         self._timer = None
         waiting, now = self.waiting, self.loop.time()
         while waiting and waiting[0][0] <= now:
-            waiting.popleft()[1].time_is_up()
+            waiting.popleft()[1].give_up()
         if waiting:  # (a timer may fire a little early: then the oldest is not due yet)
             self._timer = self.loop.call_at(waiting[0][0] + LINGER_SLACK, self._due)
 
@@ -110,19 +110,16 @@ class Linger(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.dropped += len(data)
         if self.dropped > LINGER_BYTES:
-            self._give_up()
+            self.give_up()
 
     def eof_received(self) -> bool:
         return False  # the peer is done too: the transport closes (after our FIN)
 
-    def time_is_up(self) -> None:
-        """``LINGER_SECONDS`` have passed since ``start`` (``LingerDeadlines``); nothing is
-        left to do if the socket is gone already."""
-        self._give_up()
-
-    def _give_up(self) -> None:
-        """A bound is reached: close now, even if output is still unread (abort: a peer that
-        reads nothing must not keep the socket through ``close()``'s wait for the buffer)."""
+    def give_up(self) -> None:
+        """A bound is reached (``LINGER_BYTES`` here, ``LINGER_SECONDS`` in
+        ``LingerDeadlines``): close now, even if output is still unread (abort: a peer that
+        reads nothing must not keep the socket through ``close()``'s wait for the buffer).
+        Nothing to do if the socket is gone already."""
         if self.transport is not None:
             self.transport.abort()
 

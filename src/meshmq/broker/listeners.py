@@ -33,7 +33,9 @@ time (``acceptq.py``).
 A connection over a limit gets a ``Refuser`` in place of a ``ClientProtocol``: it reads the
 CONNECT, answers CONNACK 0x97 (3.1.1: 3) and closes, without touching the broker. Each layer
 holds the connection's admission ``Ticket`` and releases it when the connection is lost
-(release is idempotent, so whichever layer hears of it first frees the slot).
+(release is idempotent, so whichever layer hears of it first frees the slot). The plain tcp
+listener's ``TcpClientProtocol`` is the only layer of its connection: it keeps just the
+ticket's key (``Admission.admitted``) and gives it back once itself.
 """
 
 from __future__ import annotations
