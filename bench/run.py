@@ -42,7 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--brokers", default=",".join(BROKERS), help="meshmq,mosquitto (default both)")
     p.add_argument("--protocol", type=int, choices=(4, 5), default=4,
                    help="MQTT protocol level of every client: 4 = 3.1.1 (default), 5 = 5.0")
-    p.add_argument("--repeat", type=int, default=1, help="runs per scenario and broker (median)")
+    p.add_argument("--repeat", type=int, help="runs per scenario and broker (median; default:"
+                   " 3 for the idle scenarios, 1 for the others)")
     p.add_argument("--warmup", type=float, help="seconds before each measured window")
     p.add_argument("--duration", type=float, help="seconds in each measured window")
     p.add_argument("--broker-cpus", default="0", help="taskset CPU list for the brokers")
@@ -53,7 +54,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         " (default when given: fanin_qos0,fanin_qos1)")
     p.add_argument("--results", type=Path, default=RESULTS, help="output directory")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.repeat is not None and args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    return args
 
 
 def raise_nofile(needed: int) -> None:
@@ -118,11 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     tree = report.tree_state()
     started = time.monotonic()
     results: report.Results = {}
+
+    def runs(scenario: Scenario) -> int:
+        return args.repeat or scenario.repeats
+
     print(f"bench: {len(scenarios)} scenarios x {brokers}, warm-up {timing.warmup:g} s, "
           f"window {timing.duration:g} s, MQTT {'5.0' if args.protocol == 5 else '3.1.1'}",
           file=sys.stderr)
-    for repeat in range(args.repeat):
+    for repeat in range(max((runs(s) for s in scenarios), default=0)):
         for index, scenario in enumerate(scenarios):
+            if runs(scenario) <= repeat:
+                continue
             order = [b for b in brokers if b in scenario.brokers]
             if (index + repeat) % 2:
                 order.reverse()  # alternate who goes first: shared-machine drift hits both
@@ -156,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             "mosquitto": mosquitto_version(ctx.mosquitto) if ctx.mosquitto else None,
         },
         "meshmq_tree": tree,
-        "options": {"quick": args.quick, "protocol": args.protocol, "repeat": args.repeat,
+        "options": {"quick": args.quick, "protocol": args.protocol,
+                    "repeat": {s.name: runs(s) for s in scenarios},
                     "warmup_s": timing.warmup, "duration_s": timing.duration,
                     "broker_cpus": ctx.broker_cpus, "loadgen_cpus": ctx.loadgen_cpus},
         "table": rows,

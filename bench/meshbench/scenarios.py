@@ -16,6 +16,9 @@ from meshbench.secure import PASSWORD, USERNAME
 IN_FLIGHT = 10_000  # deliveries outstanding end to end in throughput scenarios
 STORM_RATE = 2000  # storm: messages/s of the established QoS 1 stream
 CONCURRENCY = 64  # idle and storm: handshakes in flight (connect() to CONNACK)
+# An idle scenario's connect phase lasts about half a second, so one run is at the mercy of
+# half a second of a shared machine: each runs 3 times by default, alternating brokers.
+IDLE_REPEATS = 3
 TWO_WORKERS: dict[str, object] = {"server.workers": 2}
 LOG_OFF: dict[str, object] = {"log.enabled": False, **LOSSLESS_MESHMQ}
 LOG_ON: dict[str, object] = {"log.enabled": True, "log.fsync": "always", **LOSSLESS_MESHMQ}
@@ -56,6 +59,7 @@ class Scenario:
     tls: bool = False  # both brokers with a TLS 1.3 listener and the same certificate
     broker_cpus: str | None = None  # taskset list for this scenario's broker (None: the run's)
     loadgen_unpinned: bool = False  # the load generator shares the broker's CPUs (workers)
+    repeats: int = 1  # runs per broker unless --repeat says otherwise (figures are medians)
 
     def receivers_per_message(self) -> int:
         return self.subs if self.topology in ("fanin", "fanout") else 1
@@ -112,18 +116,19 @@ def suite(quick: bool = False) -> list[Scenario]:
                  qos=0, rate=10_000),
         Scenario("latency_qos1", "latency QoS 1 at 10k msg/s, log off", "latency", pubs=1,
                  subs=1, qos=1, rate=10_000, meshmq=LOG_OFF),
-        Scenario("idle", f"{idle_conns:,} idle connections", "idle", conns=idle_conns),
+        Scenario("idle", f"{idle_conns:,} idle connections", "idle", conns=idle_conns,
+                 repeats=IDLE_REPEATS),
         Scenario("idle_v5", f"{idle_conns:,} idle connections, MQTT 5.0", "idle",
-                 conns=idle_conns, protocol=5),
+                 conns=idle_conns, protocol=5, repeats=IDLE_REPEATS),
         Scenario("idle_auth", f"{idle_conns:,} idle connections, password file", "idle",
-                 conns=idle_conns, auth=True),
+                 conns=idle_conns, auth=True, repeats=IDLE_REPEATS),
         Scenario("idle_auth_v5", f"{idle_conns:,} idle connections, password file, MQTT 5.0",
-                 "idle", conns=idle_conns, auth=True, protocol=5),
+                 "idle", conns=idle_conns, auth=True, protocol=5, repeats=IDLE_REPEATS),
         Scenario("idle_tls", f"{idle_conns:,} idle connections, TLS 1.3", "idle",
-                 conns=idle_conns, tls=True),
+                 conns=idle_conns, tls=True, repeats=IDLE_REPEATS),
         Scenario("idle_workers2", f"{idle_conns:,} idle connections, meshmq 2 workers", "idle",
                  conns=idle_conns, meshmq=TWO_WORKERS, brokers=("meshmq",), reference="idle",
-                 broker_cpus="0,1", loadgen_unpinned=True),
+                 broker_cpus="0,1", loadgen_unpinned=True, repeats=IDLE_REPEATS),
         Scenario("stalled", "fan-in QoS 0 with a 2nd subscriber that stops reading",
                  "throughput", pubs=10, subs=1, stalled=1, qos=0),
         Scenario("storm_qos1", f"QoS 1 stream at {STORM_RATE:,} msg/s while {idle_conns:,}"
