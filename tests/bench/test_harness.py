@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -116,7 +117,6 @@ def test_a_stalled_subscriber_is_not_counted_against_the_others(loadgen: Path) -
 
 
 def test_loadgen_refuses_bad_arguments_with_one_line(loadgen: Path) -> None:
-    import subprocess
 
     done = subprocess.run([str(loadgen), "--port", "1", "--qos", "2"], capture_output=True,
                           text=True, check=False)
@@ -332,7 +332,6 @@ def test_placed_subscriber_acknowledges_qos1_deliveries() -> None:
 def test_connect_cost_python_mode_connects_every_client_without_sockets(protocol: int) -> None:
     """``connect_cost.py --python`` drives the tcp listener's protocol with a stand-in
     transport: each of its clients must get a CONNACK (the script checks) and be connected."""
-    import subprocess
 
     done = subprocess.run(
         [sys.executable, str(BENCH / "connect_cost.py"), "--python", "--conns", "300",
@@ -341,3 +340,10 @@ def test_connect_cost_python_mode_connects_every_client_without_sockets(protocol
     version = "5.0" if protocol == 5 else "3.1.1"
     assert f"meshmq's Python per connection (MQTT {version}, no sockets):" in done.stdout
     assert "(best of 5 x 300)" in done.stdout
+
+
+def test_run_refuses_a_repeat_below_one() -> None:
+    done = subprocess.run([sys.executable, str(BENCH / "run.py"), "--repeat", "0", "--list"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--repeat must be at least 1" in done.stderr
