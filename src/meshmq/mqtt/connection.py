@@ -603,9 +603,8 @@ class ServerConnection:
             self.state = CLOSED
         else:
             self.state = CONNECTED
-            if self._pings_before_connack:
-                for _ in range(self._pings_before_connack):
-                    self._queue(_PINGRESP)
+            if self._pings_before_connack:  # (after the CONNACK: ``_out`` is its own list)
+                self._out.extend([_PINGRESP] * self._pings_before_connack)
                 self._pings_before_connack = 0
             connect = self.connect
             if connect is not None:  # an idle connection need not hold its CONNECT packet
