@@ -1,6 +1,7 @@
 """The dashboard in a real browser: headless Chromium driven by Selenium, against a broker of 2
 workers carrying live traffic. It logs in with the key, checks the figures it shows against the
-API, kicks a client from the page (the client gets DISCONNECT 0x98), and saves a screenshot in
+API, kicks a client from the page (the client gets DISCONNECT 0x98; the row under the pointer
+is not redrawn by the page's polling while it is steady), and saves a screenshot in
 which the rate chart must have drawn its line.
 
 Skipped, saying why, without chromium and chromedriver (Debian: ``chromium``,
@@ -147,10 +148,22 @@ def test_dashboard_in_chromium(broker_factory, client_factory, browser, tmp_path
         wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, row), what="the victim's row")
         wait_for(lambda: len(driver.find_elements(
             By.CSS_SELECTOR, "#clients-table tbody tr")) == 1, what="the search to filter")
+
+        # a steady row stays the same element while the table refreshes around it (a row
+        # replaced under the pointer would lose a click): mark it, then wait for a refresh
+        # that must show a second client
+        driver.execute_script(f"document.querySelector(\"{row}\").meshmqMark = 1")
+        late = client_factory("dash-victim-late")
+        late.connect(broker.port)
+        wait_for(lambda: len(driver.find_elements(
+            By.CSS_SELECTOR, "#clients-table tbody tr")) == 2, what="the later client's row")
+        assert driver.execute_script(
+            f"return document.querySelector(\"{row}\").meshmqMark") == 1, "the row was redrawn"
+
         driver.find_element(By.CSS_SELECTOR, f"{row} button.kick").click()
         assert victim.disconnects.get(timeout=WAIT).value == 0x98
         wait_for(lambda: not driver.find_elements(By.CSS_SELECTOR, row), what="row gone")
         ids = {r["client_id"] for r in get(broker, "/api/v1/clients")["data"]}
-        assert ids == {"dash-sub", "dash-pub"}
+        assert ids == {"dash-sub", "dash-pub", "dash-victim-late"}
     finally:
         traffic.stop()

@@ -35,13 +35,20 @@ function cell(text, className) {
   return td;
 }
 
+// Fills a table's body from rows, touching only the rows that changed: a row drawn the same as
+// the one already in its place stays in the page. The page polls every second, and a row
+// replaced between a press and a release on its Kick button would lose the click (and any
+// text selected in it).
 function fill(table, rows, render) {
   const body = $(`${table} tbody`);
-  body.replaceChildren(...rows.map((row) => {
+  rows.forEach((row, index) => {
     const tr = document.createElement("tr");
     render(row, tr);
-    return tr;
-  }));
+    const current = body.children[index];
+    if (current === undefined) body.append(tr);
+    else if (!current.isEqualNode(tr)) current.replaceWith(tr);
+  });
+  while (body.children.length > rows.length) body.lastElementChild.remove();
 }
 
 const number = (value) => Math.round(value).toLocaleString("en");
