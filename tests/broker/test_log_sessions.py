@@ -337,6 +337,47 @@ def test_unacknowledged_deliveries_come_again_with_dup_after_kill_9(tmp_path, ra
         broker.stop()
 
 
+def test_a_fleet_reconnecting_after_kill_9_reads_the_log_once(tmp_path, raw_factory,
+                                                              client_factory):
+    """200 devices, each subscribed to its own topic with a persistent session, each sent one
+    QoS 1 command while offline; kill -9; all reconnect: each gets its session and its own
+    command, and the broker read the log once at start-up to find them (catchup.py, "The
+    index"), not once per device."""
+    devices = 200
+    expiry = {PropertyId.SESSION_EXPIRY_INTERVAL: 3600}
+    broker = start_broker(tmp_path)
+    for device in range(devices):
+        raw = raw_factory(broker.port, 5)
+        raw.connect(f"dev-{device}", properties=expiry)
+        raw.subscribe(f"fleet/{device}/cmd", qos=1)
+        raw.close()
+    pub = client_factory("fleet-pub", 5)
+    pub.connect(broker.port)
+    for device in range(devices):
+        pub.publish(f"fleet/{device}/cmd", f"cmd-{device}", qos=1)  # each waits for its PUBACK
+    pub.disconnect()
+    broker = restart(tmp_path, broker, signal.SIGKILL)
+    try:
+        assert f"catch-ups indexed sessions={devices} records={devices}" in broker.log()
+        back = []
+        for device in range(devices):
+            raw = raw_factory(broker.port, 5)
+            assert raw.connect(f"dev-{device}", clean_start=False, properties=expiry
+                               ).session_present
+            back.append(raw)
+        for device, raw in enumerate(back):
+            publish = raw.recv_type(Publish)
+            assert (publish.topic, publish.payload) == (f"fleet/{device}/cmd",
+                                                        f"cmd-{device}".encode())
+            raw.ack(publish)
+        barrier = client_factory("fleet-barrier", 5)
+        barrier.connect(broker.port)
+        barrier.publish("fleet/0/cmd", "after", qos=1)
+        assert back[0].recv_type(Publish).payload == b"after"  # nothing else came first
+    finally:
+        broker.stop()
+
+
 def test_ended_session_does_not_come_back(tmp_path, client_factory):
     broker = start_broker(tmp_path)
     sub = client_factory("gone", 5)

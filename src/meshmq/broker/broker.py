@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from meshmq.auth.acl import AccessControl, ACLFileError
 from meshmq.broker.authn import Authenticator, ConnectAuthenticator
+from meshmq.broker.catchup import CatchUp, index_restored
 from meshmq.broker.connects import Connects
 from meshmq.broker.deadlines import KeepAliveWheel, WheelTimer
 from meshmq.broker.keeper import StateKeeper
@@ -146,8 +148,30 @@ class Broker:
     def start(self) -> None:
         """Restore the stored sessions and retained messages; then tune the GC."""
         self.keeper.restore()
+        self._index_catchups()
         self.sys_topics.start()
         tune_gc()
+
+    def _index_catchups(self) -> None:
+        """Restored sessions resume from their log cursors: list, in one read of the log,
+        the records each of them needs (catchup.py, "The index")."""
+        persistence = self.persistence
+        catchups = [s.catchup for s in self.sessions.values() if s.catchup is not None]
+        if persistence is None or not catchups:
+            return
+        sessions, match = self.sessions, self.router.subscriptions.match
+
+        def candidates(topic: str) -> Iterator[CatchUp]:
+            for _, entries in match(topic):
+                for client_id in entries:
+                    catchup = sessions[client_id].catchup
+                    if catchup is not None:
+                        yield catchup
+
+        started = time.monotonic()
+        read = index_restored(catchups, persistence, candidates)
+        log.info("catch-ups indexed sessions=%d records=%d seconds=%.3f", len(catchups), read,
+                 time.monotonic() - started)
 
     def restore_session(self, snapshot: SessionSnapshot) -> None:
         self.lifecycle.restore_session(snapshot)

@@ -23,18 +23,43 @@ that one of its filters will read is skipped by the session (``covers``); the ca
 it later, in order. When every cursor reaches the high watermark the catch-up is finished and the
 session is live again. Reading happens in chunks, only while the session's queue has room, so a
 catch-up of millions of records holds a bounded number of them in memory.
+
+**The index: reading only what a session needs.** Reading every record from a cursor would
+make a reconnect storm quadratic: ten thousand devices, each subscribed to its own topic, that
+missed one message each while offline would each read all ten thousand records. So a catch-up
+keeps, per partition, the offsets of the records it will deliver (``_index``), from
+``_indexed_from`` on:
+
+* while it runs, every persisted message routed to the session that ``covers`` says it will
+  read is noted there (the router delivers every match to the session, in log order per
+  partition, so from the high watermark at which noting began nothing is missed);
+* at start-up, ``index_restored`` reads each partition once, from the lowest cursor of the
+  restored sessions, and gives every restored catch-up the offsets its filters match.
+
+Below ``_indexed_from`` the catch-up reads every record, as without an index; above it, it
+reads only the listed offsets and skips the rest. Whatever could make the list incomplete
+moves ``_indexed_from`` up to the high watermark, so that part is read in full instead: a
+filter added (a replay from the past), a start moved back (``read_in_full_below``), more than
+``INDEX_MAX`` offsets in one partition (a session that needs most records gains nothing from a
+list). Only the partitions this router leads are indexed (``PartitionLog.routes_all``): every
+record of those is routed here, with the routes as they are at the time. Of a partition led by
+another worker this router sees only what the leader forwarded to it, and its view of the high
+watermark may pass records routed before a route of a just moved or restored session reached the
+leader; those partitions are read in full, as before.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from array import array
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from meshmq.broker.message import Message
-from meshmq.log.errors import OffsetOutOfRange
+from meshmq.log.errors import LogError, OffsetOutOfRange
 from meshmq.log.record import Record
 from meshmq.memo import remember
 from meshmq.mqtt.codec import decode_properties
@@ -48,6 +73,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshmq.catchup")
 
 CHUNK_RECORDS = 512  # records read from one partition per step
+INDEX_MAX = 8192  # offsets listed per partition; beyond, that partition is read in full
+STARTUP_INDEX_RECORDS = 1_000_000  # per partition, read once at start-up (index_restored)
+NEAR = 8  # listed offsets this close are read in one go, the records between them too
+NEVER = 1 << 62  # an _indexed_from that no offset reaches: the partition is read in full
 
 
 @dataclass(slots=True)
@@ -68,6 +97,9 @@ class CatchUp:
     syncing: int = 0  # waiting for the leaders' high watermarks (PartitionLog.sync)
     _skipped: dict[int, int] = field(default_factory=dict)
     _matched: dict[tuple[str, str], bool] = field(default_factory=dict)
+    # per partition: from this offset on, _index lists every record this catch-up delivers
+    _indexed_from: list[int] | None = None
+    _index: list[array[int]] = field(default_factory=list)
 
     def _matches(self, topic_filter: str, topic: str) -> bool:
         """``topic_matches``, cached per (filter, topic): a catch-up sees the same few topics
@@ -84,6 +116,29 @@ class CatchUp:
         """Read ``topic_filter`` from ``start`` (replaces an earlier entry for that filter)."""
         self.filters = [f for f in self.filters if f.topic_filter != topic_filter]
         self.filters.append(ReplayFilter(topic_filter, subscription, list(start)))
+        self._index_from_now()  # what it needs below the high watermark was not noted
+
+    def read_in_full_below(self, partition: int, offset: int) -> None:
+        """A filter's start moved back below ``offset``: read that part in full."""
+        indexed_from = self._indexed_from
+        if indexed_from is not None and indexed_from[partition] < offset:
+            indexed_from[partition] = offset
+
+    def _index_from_now(self) -> None:
+        """Note from the high watermark on, on the partitions this router leads (on another's,
+        the leader forwards only what matched this router's routes when it routed it, and the
+        view may pass records routed before a route got there: those are read in full)."""
+        log_ = self.persistence
+        high = log_.high_watermark
+        indexed_from = self._indexed_from
+        if indexed_from is None:
+            self._index = [array("q") for _ in high]
+            self._indexed_from = [end if log_.routes_all(p) else NEVER
+                                  for p, end in enumerate(high)]
+            return
+        for partition, end in enumerate(high):
+            if indexed_from[partition] < end:
+                indexed_from[partition] = end
 
     def cursor(self) -> list[int]:
         """Per partition: the lowest offset some filter still has to read."""
@@ -97,10 +152,32 @@ class CatchUp:
     def covers(self, topic: str, position: tuple[int, int]) -> bool:
         """Will this catch-up deliver the persisted message at ``position`` on ``topic``?"""
         partition, offset = position
+        if not self._wants(topic, partition, offset):
+            return False
+        indexed_from = self._indexed_from
+        if indexed_from is not None and offset >= indexed_from[partition]:
+            self._note(partition, offset)
+        return True
+
+    def _wants(self, topic: str, partition: int, offset: int) -> bool:
         return any(
             f.start[partition] <= offset and self._matches(f.topic_filter, topic)
             for f in self.filters
         )
+
+    def _note(self, partition: int, offset: int) -> None:
+        """The record at ``offset`` is one to deliver (it is at or above ``_indexed_from``)."""
+        index = self._index[partition]
+        if not index or index[-1] < offset:
+            if len(index) >= INDEX_MAX:  # too many to list: read the partition in full
+                self._index[partition] = array("q")
+                assert self._indexed_from is not None
+                self._indexed_from[partition] = offset + 1
+                return
+            index.append(offset)
+        elif index[bisect_left(index, offset)] != offset:
+            insort(index, offset)  # (routing is in log order: not seen)
+
 
     # ------------------------------------------------------------------ reading
 
@@ -132,8 +209,9 @@ class CatchUp:
             offset = cursor[partition]
             if offset >= end:
                 continue
+            offset, limit = self._span(partition, offset, min(budget - read, end - offset), end)
             done = offset
-            for record in self._read(partition, offset, min(budget - read, end - offset)):
+            for record in self._read(partition, offset, limit) if limit else ():
                 if record.offset >= end:
                     break
                 if not self._deliver(record, partition, subscriptions, deliver, loop_now):
@@ -146,6 +224,33 @@ class CatchUp:
             for f in self.filters:
                 f.start[partition] = max(f.start[partition], done)
         return read
+
+    def _span(self, partition: int, offset: int, limit: int, end: int) -> tuple[int, int]:
+        """Where to read ``partition`` from, and how many records: from ``offset`` in full
+        below ``_indexed_from``; above it, from the next listed offset through the run of
+        listed offsets at most ``NEAR`` apart that follows it, within ``limit`` records (none
+        left below ``end``: ``(end, 0)``, nothing to read)."""
+        indexed_from = self._indexed_from
+        if indexed_from is None:
+            return offset, limit
+        start = indexed_from[partition]
+        if offset < start:
+            return offset, min(limit, start - offset)
+        index = self._index[partition]
+        first = bisect_left(index, offset)
+        if first > CHUNK_RECORDS:
+            del index[:first]  # behind every filter's start: never read again
+            first = 0
+        if first == len(index) or index[first] >= end:
+            return end, 0
+        offset = index[first]
+        stop = min(end, offset + limit)
+        last = index[first]  # extend over the next listed offsets while they lie close
+        for listed in index[first + 1:first + CHUNK_RECORDS]:
+            if listed >= stop or listed - last > NEAR:
+                break
+            last = listed
+        return offset, last - offset + 1
 
     def _after_gap(self, partition: int, offset: int) -> int:
         """Where reading continues when a read returned nothing (a retention gap skipped)."""
@@ -212,3 +317,58 @@ def message_from_record(record: Record, partition: int, loop_now: float) -> Mess
     )
     message.set_position(partition, record.offset)
     return message
+
+
+def index_restored(
+    catchups: list[CatchUp], persistence: PartitionLog,
+    candidates: Callable[[str], Iterable[CatchUp]],
+) -> int:
+    """Index the catch-ups of sessions just restored at start-up: read each partition once,
+    from the lowest of their cursors (at most ``STARTUP_INDEX_RECORDS`` back) to the high
+    watermark, and list each record for the catch-ups that will deliver it. ``candidates``
+    names the catch-ups whose sessions subscribe to a topic (a superset is fine: each is
+    asked). Returns the records read."""
+    high = persistence.high_watermark
+    read = 0
+    for partition, end in enumerate(high):
+        restored = [c for c in catchups
+                    if c._indexed_from is not None and c._indexed_from[partition] == end]
+        if not restored:
+            continue
+        lowest = min(c.cursor()[partition] for c in restored)
+        if lowest >= end:
+            continue
+        found: dict[int, list[int]] = {}  # id(catch-up) -> offsets
+        try:
+            begin = offset = max(lowest, end - STARTUP_INDEX_RECORDS,
+                                 persistence.earliest_offset(partition))
+            while offset < end:
+                records = persistence.read(partition, offset, min(CHUNK_RECORDS, end - offset))
+                if not records:
+                    break
+                for record in records:
+                    if record.offset >= end:
+                        break
+                    topic, at = record.topic, record.offset
+                    for catchup in candidates(topic):
+                        if catchup._wants(topic, partition, at):
+                            listed = found.setdefault(id(catchup), [])
+                            if not listed or listed[-1] != at:
+                                listed.append(at)
+                read += len(records)
+                offset = records[-1].offset + 1
+        except (OSError, LogError) as error:
+            log.warning("start-up index of partition %d not built error=%r", partition, error)
+            continue
+        if offset < end:
+            continue  # could not read it all: these catch-ups read this partition in full
+        for catchup in restored:
+            index = catchup._index[partition]
+            listed = found.get(id(catchup), [])
+            if len(listed) + len(index) > INDEX_MAX:
+                continue
+            catchup._index[partition] = array("q", listed + list(index))
+            indexed_from = catchup._indexed_from
+            assert indexed_from is not None
+            indexed_from[partition] = begin
+    return read

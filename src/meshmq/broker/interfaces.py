@@ -105,6 +105,10 @@ class PartitionLog(Protocol):
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
         """Records from ``offset`` (raises ``OffsetOutOfRange`` below the earliest)."""
 
+    def routes_all(self, partition: int) -> bool:
+        """Is every record of ``partition`` routed here, with this router's routes as they are
+        at the time (it leads the partition)? Otherwise only those its leader forwards are."""
+
     def earliest_offset(self, partition: int) -> int: ...
 
     def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None: ...

@@ -150,6 +150,9 @@ class Persistence(LogAccess):
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
         return self.commit_log.read(partition, offset, max_records=max_records)
 
+    def routes_all(self, partition: int) -> bool:
+        return True  # it leads every partition it routes
+
     def earliest_offset(self, partition: int) -> int:
         return self.commit_log.earliest_offset(partition)
 

@@ -498,6 +498,7 @@ class Session:
         for f in catchup.filters:
             if topic_matches(f.topic_filter, message.topic):
                 f.start[partition] = min(f.start[partition], offset)
+        catchup.read_in_full_below(partition, offset + 1)
         return catchup.covers(message.topic, position)
 
     def log_cursor(self) -> list[int] | None:

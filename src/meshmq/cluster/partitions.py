@@ -215,6 +215,9 @@ class PartitionedLog(LogAccess):
             return self.local.read(partition, offset, max_records)
         return self.view.read(partition, offset, max_records=max_records)
 
+    def routes_all(self, partition: int) -> bool:
+        return self.leadership.leads(partition)
+
     def earliest_offset(self, partition: int) -> int:
         if self.leadership.leads(partition):
             return self.local.earliest_offset(partition)
