@@ -178,7 +178,6 @@ class CatchUp:
         elif index[bisect_left(index, offset)] != offset:
             insort(index, offset)  # (routing is in log order: not seen)
 
-
     # ------------------------------------------------------------------ reading
 
     @property
@@ -245,7 +244,7 @@ class CatchUp:
             return end, 0
         offset = index[first]
         stop = min(end, offset + limit)
-        last = index[first]  # extend over the next listed offsets while they lie close
+        last = offset  # extend over the next listed offsets while they lie close
         for listed in index[first + 1:first + CHUNK_RECORDS]:
             if listed >= stop or listed - last > NEAR:
                 break
