@@ -312,3 +312,15 @@ def test_pipeline_without_the_spark_extra_names_the_install_command(tmp_path: Pa
             text=True, timeout=60, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
         assert result.returncode == 2, result.stderr
         assert one_error_line(result) == expected
+
+
+def test_serve_with_a_bad_persist_filter_exits_2_before_it_starts(tmp_path: Path) -> None:
+    """The bad filter is refused when the file is read, not taken to persist all of 'a/'."""
+    path = tmp_path / "bad.toml"
+    path.write_text('[log]\npersist_filters = "sensors/#, a/#/b"\n')
+    result = run_cli("serve", "--config", str(path), "--bind", "127.0.0.1", "--port", "0",
+                     "--data-dir", str(tmp_path / "data"), "--workers", "1")
+    assert result.returncode == 2
+    assert one_error_line(result) == ("meshmq: error: log.persist_filters: bad topic filter:"
+                                      " '#' must be the whole last level: 'a/#/b'")
+    assert not (tmp_path / "data").exists()  # refused before anything was opened

@@ -372,3 +372,40 @@ def test_hook_lists_are_split_on_commas(tmp_path: Path) -> None:
                                         'publish_filters = "a/+, b/#,"\n')).hooks
     assert hooks.event_names == {"publish", "client_connected"}
     assert hooks.filters == ("a/+", "b/#")
+
+
+# ---------------------------------------------------------------------------- log filters
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[log]\npersist_filters = "a/#/b"\n',
+         "log.persist_filters: bad topic filter: '#' must be the whole last level: 'a/#/b'"),
+        ('[log]\npersist_filters = "telemetry/#, a/+b"\n',
+         "log.persist_filters: bad topic filter: '+' must occupy a whole level: 'a/+b'"),
+        ('[log]\npersist_filters = "$share/g/a"\n',
+         "log.persist_filters: bad topic filter: a shared subscription is no filter here:"
+         " '$share/g/a'"),
+        ('[log]\nfsync_rules = "a/#/b=always"\n',
+         "log.fsync_rules: bad topic filter: '#' must be the whole last level: 'a/#/b'"),
+        ('[log]\nfsync_rules = "cmd/#=always, =interval"\n',
+         "log.fsync_rules: bad topic filter: empty topic filter: ''"),
+        ('[log]\nfsync_rules = "telemetry/#=sometimes"\n',
+         "log.fsync_rules: 'telemetry/#=sometimes' is not FILTER=always|interval|never"),
+        ('[log]\nfsync_rules = "telemetry/#"\n',
+         "log.fsync_rules: 'telemetry/#' is not FILTER=always|interval|never"),
+    ],
+)
+def test_log_topic_filters_are_checked(tmp_path: Path, text: str, message: str) -> None:
+    """A bad filter in these keys would persist (or fsync) other topics than meant: 'a/#/b'
+    matched everything under 'a/'. They are checked as hooks.publish_filters is."""
+    assert error_for(tmp_path, text) == message
+
+
+def test_good_log_topic_filters_load(tmp_path: Path) -> None:
+    log = load_config(write(tmp_path, '[log]\npersist_filters = "telemetry/+/temp, cmd/#, #,"\n'
+                                      'fsync_rules = " telemetry/#=interval , cmd/+=always,"\n'
+                                      )).log
+    assert log.persist_filters == "telemetry/+/temp, cmd/#, #,"
+    assert log.fsync_rules == " telemetry/#=interval , cmd/+=always,"

@@ -273,14 +273,39 @@ def _check_events(value: str) -> str:
     return ""
 
 
+def _check_filter(topic_filter: str) -> str:
+    """The problem with one plain topic filter ("" = none); the message names the filter."""
+    if topic_filter.startswith("$share/"):
+        return f"bad topic filter: a shared subscription is no filter here: {topic_filter!r}"
+    try:
+        validate_topic_filter(topic_filter)
+    except RemoteProtocolError as exc:
+        return f"bad topic filter: {exc}"  # (names the filter)
+    return ""
+
+
 def _check_filters(value: str) -> str:
+    """A comma-separated list of plain topic filters (hooks.publish_filters,
+    log.persist_filters): a bad one would silently match other topics than meant."""
     for topic_filter in _split_list(value):
-        if topic_filter.startswith("$share/"):
-            return f"bad topic filter: a shared subscription is no filter here: {topic_filter!r}"
-        try:
-            validate_topic_filter(topic_filter)
-        except RemoteProtocolError as exc:
-            return f"bad topic filter: {exc}"  # (names the filter)
+        problem = _check_filter(topic_filter)
+        if problem:
+            return problem
+    return ""
+
+
+_FSYNC_POLICIES = ("always", "interval", "never")
+
+
+def _check_fsync_rules(value: str) -> str:
+    """``"telemetry/#=interval, cmd/#=always"``: each entry a plain filter and a policy."""
+    for item in _split_list(value):
+        topic_filter, sep, policy = item.rpartition("=")
+        if not sep or policy.strip() not in _FSYNC_POLICIES:
+            return f"{item!r} is not FILTER={'|'.join(_FSYNC_POLICIES)}"
+        problem = _check_filter(topic_filter.strip())
+        if problem:
+            return problem
     return ""
 
 
@@ -417,16 +442,17 @@ _KEYS: dict[str, _Key] = {
         str, None, "ACL rules file (first match wins, default deny); empty = no ACLs"),
     "log.enabled": _Key(bool, None, "write persisted publishes to the commit log under data_dir"),
     "log.persist_filters": _Key(
-        str, None, "comma-separated topic filters whose QoS 1/2 publishes are persisted"),
+        str, None, "comma-separated topic filters whose QoS 1/2 publishes are persisted",
+        _check_filters),
     "log.persist_qos0": _Key(bool, None, "persist QoS 0 publishes on those topics too"),
     "log.fsync": _Key(
-        str, ("always", "interval", "never"),
+        str, _FSYNC_POLICIES,
         "always: fsync before PUBACK/PUBREC; interval: fsync every fsync_interval_ms"
         " (a power loss may lose that window); never: leave it to the OS"),
     "log.fsync_interval_ms": _Key(int, (1, None), "fsync period for fsync = interval"),
     "log.fsync_rules": _Key(
         str, None, "per-topic fsync policies, first match wins, e.g. \"telemetry/#=interval,"
-        " cmd/#=always\"; topics matching none use log.fsync"),
+        " cmd/#=always\"; topics matching none use log.fsync", _check_fsync_rules),
     "log.partitions": _Key(
         int, (1, 65536), "partitions of a new log (fixed once the log exists)"),
     "log.key_level": _Key(
