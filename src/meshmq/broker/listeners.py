@@ -54,7 +54,7 @@ from meshmq.broker.admission import Admission, Decision, NetworkRules, Ticket, V
 from meshmq.broker.certauth import CertificateAuthenticator
 from meshmq.broker.layer import stream_transport
 from meshmq.broker.linger import close_gracefully
-from meshmq.broker.protocol import ClientProtocol
+from meshmq.broker.protocol import WRITE_HARD_LIMIT, ClientProtocol
 from meshmq.broker.tls import ServerCertificates
 from meshmq.broker.tlslayer import TLSLayer
 from meshmq.broker.websocket import WebSocketLayer
@@ -137,6 +137,25 @@ class ListenerClientProtocol(ClientProtocol):
             super().connection_lost(exc)
         finally:
             self.ticket.release()
+
+
+class WebSocketClientProtocol(ListenerClientProtocol):
+    """A broker connection under a ``WebSocketLayer``: its output goes down as the list of its
+    packets (``writelines``), so that the layer puts each in a frame of its own without
+    parsing them out of one joined write again (see ``websocket.py`` for why)."""
+
+    __slots__ = ()
+
+    def _write_out(self) -> None:
+        packets = self.conn.packets_to_send()
+        transport = self.transport
+        if packets and transport is not None and not self.closing \
+                and not transport.is_closing():
+            transport.writelines(packets)  # still one write below, for all of them
+            self.broker.counters["bytes_out"] += sum(map(len, packets))
+            buffered = transport.get_write_buffer_size()
+            if buffered > WRITE_HARD_LIMIT and "backlog" not in self._read_pauses:
+                self._backlogged(buffered)
 
 
 class Refuser(asyncio.Protocol):
@@ -399,15 +418,17 @@ class Listener:
                 return Refuser(self, ticket)
             return ListenerClientProtocol(self.broker, ticket, None, peer)
 
-        def mqtt(identity: str | None) -> asyncio.Protocol:
+        def mqtt(identity: str | None,
+                 kind: type[ListenerClientProtocol] = ListenerClientProtocol) -> asyncio.Protocol:
             if decision.verdict is Verdict.OVER_LIMIT:
                 return Refuser(self, ticket)
-            return ListenerClientProtocol(self.broker, ticket, identity, peer)
+            return kind(self.broker, ticket, identity, peer)
 
         def above_tls(identity: str | None) -> asyncio.Protocol:
             if spec.path is None:
                 return mqtt(identity)
-            return WebSocketLayer(spec.name, spec.path, lambda: mqtt(identity), self.max_frame,
+            return WebSocketLayer(spec.name, spec.path,
+                                  lambda: mqtt(identity, WebSocketClientProtocol), self.max_frame,
                                   self.deadline, ticket)
 
         if not spec.tls:

@@ -247,8 +247,9 @@ class ClientProtocol(asyncio.Protocol):
             self.session.pump(self.broker.loop.time())  # congested by this turn's output only
 
     def _write_out(self) -> None:
-        """Hand the connection's pending output to the transport (no pumping: callers may be
-        in the middle of a delivery)."""
+        """Hand the connection's pending output to the transport, joined in one write (no
+        pumping: callers may be in the middle of a delivery). Under WebSocket the packets go
+        as a list instead, one frame each (``listeners.WebSocketClientProtocol``)."""
         data = self.conn.data_to_send()
         transport = self.transport
         if data and transport is not None and not self.closing and not transport.is_closing():
@@ -256,10 +257,13 @@ class ClientProtocol(asyncio.Protocol):
             self.broker.counters["bytes_out"] += len(data)  # per write, not per packet
             buffered = transport.get_write_buffer_size()
             if buffered > WRITE_HARD_LIMIT and "backlog" not in self._read_pauses:
-                # Answers pile up unread: take no more requests until the client reads.
-                log.info("client does not read, reading paused client_id=%s peer=%s"
-                         " buffered=%d", self.client_id or "-", self.peer, buffered)
-                self._pause_reading("backlog")
+                self._backlogged(buffered)
+
+    def _backlogged(self, buffered: int) -> None:
+        """Answers pile up unread: take no more requests until the client reads."""
+        log.info("client does not read, reading paused client_id=%s peer=%s buffered=%d",
+                 self.client_id or "-", self.peer, buffered)
+        self._pause_reading("backlog")
 
     def close(self) -> None:
         """Write what is pending, then close gracefully: the client can read it even while

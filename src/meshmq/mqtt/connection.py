@@ -539,6 +539,17 @@ class ServerConnection:
         self.pending_output = 0
         return out[0] if len(out) == 1 else b"".join(out)
 
+    def packets_to_send(self) -> list[bytes]:
+        """What ``data_to_send()`` would join, one encoded packet per item (possibly none), for
+        a transport that frames each packet (WebSocket). The items may be shared with other
+        connections (QoS 0 frames): never modify them."""
+        out = self._out
+        if not out:
+            return []
+        self._out = _NO_OUTPUT
+        self.pending_output = 0
+        return out
+
     def send_frame(self, frame: bytes) -> bool:
         """Queue an encoded packet; False if it exceeds the client's maximum packet size.
 
