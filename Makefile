@@ -32,7 +32,8 @@ $(TEST): pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[test,spark]'
 	touch $@ $(SPARK) $(BROKER)
 
-## Start a broker with embedded defaults: MQTT on 0.0.0.0:1883, data under ./data.
+## Start a broker with embedded defaults: MQTT on 127.0.0.1:1883 (anonymous, so loopback only;
+## docs/configuration.md says how to open it), data under ./data.
 serve: $(BROKER)
 	$(BIN)/meshmq serve
 

@@ -19,6 +19,7 @@ from meshmq.config import (
     ServerConfig,
     allowed_values,
     config_reference,
+    listen_address,
     load_config,
 )
 
@@ -48,7 +49,7 @@ def error_for(tmp_path: Path, text: str) -> str:
 def test_defaults_are_the_embedded_single_node() -> None:
     config = load_config()
     assert config == BrokerConfig()
-    assert config.server == ServerConfig("0.0.0.0", 1883, "./data", "info", "text", "")
+    assert config.server == ServerConfig("", 1883, "./data", "info", "text", "")
     assert config.mqtt.max_packet_size == 1_048_576
     assert config.mqtt.receive_maximum == 1024
     assert config.mqtt.connect_timeout == 10.0
@@ -409,3 +410,22 @@ def test_good_log_topic_filters_load(tmp_path: Path) -> None:
                                       )).log
     assert log.persist_filters == "telemetry/+/temp, cmd/#, #,"
     assert log.fsync_rules == " telemetry/#=interval , cmd/+=always,"
+
+
+# ---------------------------------------------------------------------------- where it listens
+
+
+@pytest.mark.parametrize(("auth", "bind", "address"), [
+    ("", "", "127.0.0.1"),  # no configuration: loopback only, as Mosquitto 2
+    ('password_file = "pw"\n', "", "0.0.0.0"),  # authentication: open as before
+    ('password_file = "pw"\nanonymous = "allow"\n', "", "127.0.0.1"),
+    ('anonymous = "deny"\n', "", "0.0.0.0"),  # nobody gets in without a password anyway
+    ("", "0.0.0.0", "0.0.0.0"),  # an explicit address is used as given
+    ("", "127.0.0.1", "127.0.0.1"),
+    ('password_file = "pw"\n', "10.1.2.3", "10.1.2.3"),
+])
+def test_an_empty_server_bind_is_loopback_while_anonymous_clients_are_allowed(
+    tmp_path: Path, auth: str, bind: str, address: str,
+) -> None:
+    text = f"[auth]\n{auth}" + (f'[server]\nbind = "{bind}"\n' if bind else "")
+    assert listen_address(load_config(write(tmp_path, text))) == address

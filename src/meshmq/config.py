@@ -32,7 +32,7 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    bind: str = "0.0.0.0"
+    bind: str = ""  # empty: listen_address() chooses from auth
     port: int = 1883
     data_dir: str = "./data"
     log_level: str = "info"
@@ -380,7 +380,10 @@ def _admission_keys(section: str, listener: str) -> dict[str, _Key]:
 
 # The one table: dotted key -> type, allowed values, description. Its order is the docs' order.
 _KEYS: dict[str, _Key] = {
-    "server.bind": _Key(str, None, "address to listen on for MQTT over TCP"),
+    "server.bind": _Key(
+        str, None, "address to listen on for MQTT over TCP (and for the listeners without a"
+        " bind of their own); empty = 127.0.0.1 while anonymous clients are allowed (no"
+        " auth.password_file, or auth.anonymous = \"allow\"), else 0.0.0.0"),
     "server.port": _Key(int, (0, 65535), "MQTT TCP port; 0 picks a free port"),
     "server.data_dir": _Key(str, None, "directory for the broker's data (created if missing)"),
     "server.log_level": _Key(str, _LOG_LEVELS, "log verbosity"),
@@ -680,10 +683,24 @@ def _check_listeners(config: BrokerConfig) -> None:
         section = getattr(config, name)
         if name != "server" and not section.enabled:
             continue
-        where = (section.bind or config.server.bind, section.port)
+        where = (section.bind or listen_address(config), section.port)
         if section.port and where in seen:
             raise ConfigError(f"{name}.port: {section.port} is already used by {seen[where]}.port")
         seen[where] = name
+
+
+LOOPBACK = "127.0.0.1"
+EVERY_INTERFACE = "0.0.0.0"
+
+
+def listen_address(config: BrokerConfig) -> str:
+    """Where the listeners without a bind of their own listen: ``server.bind``; when it is
+    empty, 127.0.0.1 while anonymous clients are allowed (as Mosquitto 2 listens on loopback
+    only until configured: a broker started with no configuration is not open to the network
+    without authentication), else 0.0.0.0."""
+    if config.server.bind:
+        return config.server.bind
+    return LOOPBACK if config.auth.allow_anonymous else EVERY_INTERFACE
 
 
 def config_reference() -> list[tuple[str, object, str]]:
@@ -712,5 +729,6 @@ __all__ = [
     "WebSocketConfig",
     "allowed_values",
     "config_reference",
+    "listen_address",
     "load_config",
 ]

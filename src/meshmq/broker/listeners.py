@@ -58,6 +58,7 @@ from meshmq.broker.protocol import WRITE_HARD_LIMIT, ClientProtocol
 from meshmq.broker.tls import ServerCertificates
 from meshmq.broker.tlslayer import TLSLayer
 from meshmq.broker.websocket import WebSocketLayer
+from meshmq.config import listen_address
 from meshmq.mqtt.connection import ServerConnection
 from meshmq.mqtt.errors import NotConnect, RemoteProtocolError
 from meshmq.mqtt.packets import PacketType
@@ -93,7 +94,7 @@ class ListenerSpec:
 
 def listener_specs(config: BrokerConfig) -> list[ListenerSpec]:
     """The enabled listeners, TCP first (it is always on)."""
-    bind = config.server.bind  # where a section without its own bind listens
+    bind = listen_address(config)  # where a section without its own bind listens
     specs = [_listener_spec("tcp", config.server, bind, False, None)]
     if config.tls.enabled:
         specs.append(_listener_spec("tls", config.tls, bind, True, None))

@@ -29,7 +29,7 @@ from meshmq.broker.tls import TLSConfigError
 from meshmq.cluster.sockets import MeshError
 from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.cluster.workers import WorkerCluster
-from meshmq.config import BrokerConfig, redact_url
+from meshmq.config import BrokerConfig, listen_address, redact_url
 from meshmq.log.errors import LogConfigError, LogError
 from meshmq.logsetup import kv
 from meshmq.node.admin import AdminError
@@ -129,16 +129,19 @@ class BrokerServer:
         listeners = self.listeners = Listeners(self.config, broker, self.worker is not None)
         views.listeners = listeners
         wide = [bind for bind in listeners.binds() if not _is_loopback(bind)]
-        if self.config.auth.allow_anonymous and wide and (
-                self.worker is None or self.worker.index == 0):  # one warning per node
+        first = self.worker is None or self.worker.index == 0  # one line per node
+        if self.config.auth.allow_anonymous and wide and first:
             log.warning(
                 "ANONYMOUS ACCESS IS ON while listening beyond loopback bind=%s: any client may"
                 " connect; set auth.password_file (and auth.anonymous = \"deny\")", wide[0],
             )
         await listeners.start()
         self.port = listeners.port("tcp")
-        log.info("listening bind=%s port=%d %sdata_dir=%s", cfg.bind, self.port,
-                 f"{listeners.describe()} " if listeners.describe() else "", cfg.data_dir)
+        log.info("listening bind=%s port=%d %sdata_dir=%s", listen_address(self.config),
+                 self.port, f"{listeners.describe()} " if listeners.describe() else "",
+                 cfg.data_dir)
+        if first:
+            _say_if_local_only(self.config)
         await self._start_admin(views)
         if cfg.port_file and self.worker is None:  # workers: the supervisor writes it
             text = listeners.port_file_text()
@@ -220,6 +223,21 @@ class BrokerServer:
                         extra=kv(queued=len(self.webhooks.queue)))
         except Exception:  # a bug in the sender must not spoil the shutdown
             log.exception("webhook sender failed")
+
+
+def _say_if_local_only(config: BrokerConfig) -> None:
+    """One line when the node listens on loopback only because nothing said otherwise
+    (``listen_address``): a newcomer whose clients on other hosts are refused learns why."""
+    if config.server.bind or not config.auth.allow_anonymous:
+        return
+    names = ["tcp"] + [name for name in ("tls", "ws", "wss")
+                       if getattr(config, name).enabled and not getattr(config, name).bind]
+    log.warning(
+        "listening on %s only (%s): no bind address is set and anonymous clients are allowed;"
+        " to accept clients from other hosts, configure authentication (auth.password_file,"
+        " auth.anonymous not \"allow\": the node then listens on 0.0.0.0) or set server.bind ="
+        " \"0.0.0.0\" (--bind 0.0.0.0)",
+        listen_address(config), ", ".join(names))
 
 
 def _is_loopback(host: str) -> bool:
