@@ -182,3 +182,31 @@ def test_with_a_password_file_the_default_is_every_interface(
     log = node.log()
     assert LOCAL_ONLY not in log and "bind=0.0.0.0 " in log
 
+
+
+# ---------------------------------------------------------------------- an unresolvable host
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize(("config", "flags", "key"), [
+    ("", ["--bind", "no-such-host.invalid"], "server.bind"),
+    ('[server]\nbind = "no-such-host.invalid"\n', [], "server.bind"),
+    ('[ws]\nenabled = true\nport = 0\nbind = "no-such-host.invalid"\n', ["--bind", "127.0.0.1"],
+     "ws.bind"),
+    ('[admin]\nlisten = "no-such-host.invalid:0"\napi_key = "k"\n', ["--bind", "127.0.0.1"],
+     "admin.listen"),
+], ids=["flag", "file", "ws", "admin"])
+def test_a_bind_host_that_does_not_resolve_is_a_configuration_error(
+    tmp_path: Path, config: str, flags: list[str], key: str, workers: int,
+) -> None:
+    config_file = tmp_path / "meshmq.toml"
+    config_file.write_text(config)
+    result = subprocess.run(
+        [sys.executable, "-m", "meshmq", "serve", "--config", str(config_file), "--port", "0",
+         "--data-dir", str(tmp_path / "data"), "--workers", str(workers), *flags],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and " ERROR " in lines[0], result.stderr
+    assert lines[0].split(" ERROR ", 1)[1].startswith(
+        f"meshmq.server {key}: cannot resolve 'no-such-host.invalid' (")

@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import tempfile
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -29,7 +30,7 @@ from meshmq.broker.tls import TLSConfigError
 from meshmq.cluster.sockets import MeshError
 from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.cluster.workers import WorkerCluster
-from meshmq.config import BrokerConfig, listen_address, redact_url
+from meshmq.config import BrokerConfig, listen_address, redact_url, split_listen
 from meshmq.log.errors import LogConfigError, LogError
 from meshmq.logsetup import kv
 from meshmq.node.admin import AdminError
@@ -72,6 +73,38 @@ def prepare_data_dir(data_dir: str) -> None:
     except OSError as exc:
         raise DataDirError(f"server.data_dir: {data_dir} is not writable:"
                            f" {exc.strerror or exc}") from None
+
+
+class BindError(Exception):
+    """A bind host does not resolve; the message is one line naming its key."""
+
+
+def check_bind_hosts(config: BrokerConfig) -> None:
+    """Resolve every address the node will listen on, once, before anything starts.
+
+    Raises ``BindError`` (the caller exits with status 2): a name that does not resolve is a
+    configuration error naming the key to fix, not a listener failing with the resolver's bare
+    error number (``Unknown error -2``). A temporary resolver failure is reported the same way,
+    its reason in the line: the node cannot listen until the name resolves.
+    """
+    for key, host in _bind_hosts(config):
+        try:
+            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except socket.gaierror as exc:
+            raise BindError(f"{key}: cannot resolve {host!r} ({exc.strerror})") from None
+
+
+def _bind_hosts(config: BrokerConfig) -> list[tuple[str, str]]:
+    """(key, host) of each address listened on: server.bind (or its default), the enabled
+    listeners' own binds, the admin listener's host."""
+    hosts = [("server.bind", listen_address(config))]
+    for name in ("tls", "ws", "wss"):
+        section = getattr(config, name)
+        if section.enabled and section.bind:
+            hosts.append((f"{name}.bind", section.bind))
+    if config.admin.listen:
+        hosts.append(("admin.listen", split_listen(config.admin.listen)[0]))
+    return hosts
 
 
 def _start_error(exc: OSError, data_dir: str) -> tuple[str, int]:
@@ -301,6 +334,11 @@ async def serve(
 def run_server(config: BrokerConfig, source: ConfigSource | None = None) -> int:
     """Blocking entry point used by ``meshmq serve``; ``source``: where ``config`` came from
     (SIGHUP reads it again)."""
+    try:
+        check_bind_hosts(config)  # before the supervisor forks: one line for the node
+    except BindError as exc:
+        log.error("%s", exc)
+        return 2
     count = resolve_workers(config.server.workers)
     if count > 1:
         from meshmq.node.supervisor import supervise
