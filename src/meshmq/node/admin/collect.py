@@ -88,10 +88,20 @@ def _clients(out: Sampler, broker: Broker, figures: dict[str, Any],
     out.put("meshmq_sessions", figures["sessions_offline"], "offline")
     out.put("meshmq_subscriptions", figures["subscriptions"])
     out.put("meshmq_shared_groups", figures["shared_groups"])
-    out.put("meshmq_retained_messages", figures["retained"])
+    out.put("meshmq_retained_messages", client_retained(broker))
     out.put("meshmq_throttled_total", counters["throttled"])
     out.put("meshmq_rate_disconnects_total", counters["rate_disconnects"])
     out.put("meshmq_protocol_errors_total", counters["protocol_errors"])
+
+
+def client_retained(broker: Broker) -> int:
+    """The retained messages of clients in this worker's store: what the Retained tab and
+    ``GET /api/v1/retained`` list (queries.retained), so the broker's own ``$SYS/`` topics are
+    left out. Read from the store itself, not from ``figures["retained"]`` (which counts them):
+    a scrape walks only the ``$SYS`` branch of the trie, a dozen topics."""
+    store = broker.retained_store
+    own = sum(1 for message in store.match("$SYS/#") if message.topic.startswith("$SYS/"))
+    return len(store) - own
 
 
 def _messages(out: Sampler, figures: dict[str, Any]) -> None:

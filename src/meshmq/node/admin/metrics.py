@@ -61,7 +61,7 @@ CATALOG: dict[str, Spec] = {
     "meshmq_sessions": Spec("gauge", "Sessions, by state (online, offline).", ("state",)),
     "meshmq_subscriptions": Spec("gauge", "Subscriptions of all sessions."),
     "meshmq_shared_groups": Spec("gauge", "Shared subscription groups (per worker, summed)."),
-    "meshmq_retained_messages": Spec("gauge", "Retained messages stored ($SYS included)."),
+    "meshmq_retained_messages": Spec("gauge", "Retained messages of clients ($SYS not counted)."),
     "meshmq_messages_received_total": Spec(
         "counter", "PUBLISHes received from clients and routed, by QoS.", ("qos",)),
     "meshmq_received_bytes_total": Spec(
