@@ -389,7 +389,12 @@ def test_a_worker_killed_mid_stream_loses_no_acknowledged_publish(
         client_factory: Callable[..., Client]) -> None:
     broker = broker_factory(LOG_ON, workers=2)
     pids = worker_pids(broker)
-    publishers = [connect_on(client_factory, broker, w) for w in (0, 1)]
+    # Persistent sessions that reconnect: a publish whose outcome the kill made unknown is
+    # neither acknowledged nor refused; the broker closes the connection and the client
+    # resends it (DUP) on its next one.
+    publishers = [connect_on(client_factory, broker, w, client_id=f"publisher-{w}",
+                             clean_start=False, expiry=300, reconnect_on_failure=True)
+                  for w in (0, 1)]
     sent: list[dict[int, str]] = [{}, {}]
     acknowledged: set[str] = set()
     answers = [0, 0]
@@ -421,8 +426,8 @@ def test_a_worker_killed_mid_stream_loses_no_acknowledged_publish(
         publish(survivor, n)
     wait_for(lambda: f"worker restarted index={victim}" in broker.log(), what="the restart")
 
-    def survivor_answered() -> bool:  # every publish gets PUBACK, success or refusal
-        collect(survivor)
+    def survivor_answered() -> bool:  # every publish gets PUBACK, success or refusal,
+        collect(survivor)  # on this connection or, resent, on a later one
         return answers[survivor] == len(sent[survivor])
 
     wait_for(survivor_answered, what="an answer to every publish on the surviving worker")

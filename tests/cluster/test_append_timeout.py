@@ -1,13 +1,14 @@
-"""Appends to another worker's partition that its leader never answers fail after
-``APPEND_TIMEOUT`` (cluster/partitions.py), in one process with an injected clock: one
-deadline per APPEND frame, and an answered frame never fails later."""
+"""Appends to another worker's partition that its leader never answers end after
+``APPEND_TIMEOUT`` (cluster/partitions.py) with an unknown outcome (the leader may have
+stored them: never a refusal), in one process with an injected clock: one deadline per APPEND
+frame, and an answered frame never ends later."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-from meshmq.broker.interfaces import AppendOutcome, Refused, StoredElsewhere
+from meshmq.broker.interfaces import AppendOutcome, StoredElsewhere, Unknown
 from meshmq.broker.message import Message
 from meshmq.broker.wire import decode_message, encode_message
 from meshmq.cluster.codec import AppendAnswer, Appended
@@ -42,7 +43,7 @@ def _carry(source: Mesh, target: Mesh) -> None:
         target.data_received(1, data)
 
 
-def test_unanswered_appends_fail_after_the_timeout_and_answered_ones_never(
+def test_unanswered_appends_end_unknown_after_the_timeout_and_answered_ones_never(
         tmp_path: Path) -> None:
     loop = asyncio.new_event_loop()
     wire = Wire()
@@ -80,11 +81,12 @@ def test_unanswered_appends_fail_after_the_timeout_and_answered_ones_never(
         assert list(outcomes) == ["second"]  # not yet
         mesh.expire(100 + APPEND_TIMEOUT + 0.5)
         first = outcomes["first"]
-        assert isinstance(first, Refused) and "no answer from its leader" in first.why
+        assert isinstance(first, Unknown) and "no answer from its leader" in first.why
+        assert first.message_id is not None and len(first.message_id) == 16
         mesh.expire(110 + APPEND_TIMEOUT + 0.5)  # the second's frame is due: it was answered
         assert outcomes["second"] == StoredElsewhere(leadership.partition_for(topic), 7, 1,
                                                      None)
-        assert log.counters["appends_refused"] == 1
+        assert log.counters["appends_unknown"] == 1 and log.counters["appends_refused"] == 0
     finally:
         log.close()
         loop.close()

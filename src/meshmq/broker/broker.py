@@ -110,7 +110,7 @@ class Broker:
         self.counters = {
             "connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0, "acl_denied": 0,
             "refused_publishes": 0, "throttled": 0, "rate_disconnects": 0,
-            "subscription_quota": 0, "log_failures": 0,
+            "subscription_quota": 0, "log_failures": 0, "unknown_outcomes": 0,
             "ended_drops": 0,  # messages dropped by sessions that ended here (queries.py)
             "bytes_in": 0, "bytes_out": 0,  # MQTT bytes read from / written to clients
         }

@@ -83,7 +83,19 @@ class Refused:
     why: str
 
 
-AppendOutcome = Stored | StoredElsewhere | Refused
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """Perhaps stored, perhaps not: the append went to the partition's leader and no answer
+    came back (the link dropped, or no answer in time). Never reported as a failure, since
+    the leader may have stored and routed it: the caller closes the publisher's connection
+    so that it resends (DUP), and the resend carries ``message_id`` (``append``), by which
+    the leader recognises a message it stored already and does not store it twice."""
+
+    why: str
+    message_id: bytes | None  # None: a retained store's outcome (nothing to recognise)
+
+
+AppendOutcome = Stored | StoredElsewhere | Refused | Unknown
 Completion = Callable[[AppendOutcome], None]
 
 
@@ -95,9 +107,12 @@ class PartitionLog(Protocol):
     def wants(self, topic: str, qos: int) -> bool:
         """Is a publish on ``topic`` at ``qos`` persisted?"""
 
-    def append(self, message: Message, client_id: str, done: Completion) -> bool:
+    def append(self, message: Message, client_id: str, done: Completion,
+               message_id: bytes | None = None) -> bool:
         """Persist ``message``; ``done`` gets the outcome later, on the loop (never from
-        inside this call). False, without ``done``, when the log's queue is full."""
+        inside this call). False, without ``done``, when the log's queue is full.
+        ``message_id``: the id an earlier attempt's ``Unknown`` gave, for a resend of that
+        publish (None: a new one)."""
 
     def routed(self, partition: int, offset: int) -> None:
         """The record at ``offset`` is being routed here: the high watermark passes it."""
@@ -123,12 +138,17 @@ class PartitionLog(Protocol):
 # ---------------------------------------------------------------------- retained messages
 
 
+Kept = Callable[[Refused | Unknown | None], None]  # None: stored, durably
+
+
 class RetainedMessages(Protocol):
     """The node's retained messages."""
 
-    def keep(self, message: Message, done: Done | None) -> None:
+    def keep(self, message: Message, done: Kept | None) -> None:
         """Store ``message`` as its topic's retained message (an empty payload clears it);
-        ``done()`` once that is durable. The caller has routed it already."""
+        ``done(None)`` once that is durable, ``done(Refused)`` if it certainly was not stored
+        (its store is down), ``done(Unknown)`` if that is not known (no answer). The caller
+        has routed it already."""
 
     def query(self, filters: list[str], done: Callable[[list[list[Message]]], None]) -> None:
         """The retained messages matching each of ``filters`` (plain filters)."""

@@ -156,6 +156,22 @@ class Lifecycle:
             adopted[snapshot.client_id] = self.install_session(snapshot)
         return list(adopted.values())
 
+    def take_back_session(self, blob: bytes) -> bool:
+        """A session handed to another router that never confirmed it (cluster/directory.py):
+        installed here again, offline as if its client had just gone (expiry from now,
+        journaled), unless a newer session for that client id is here already."""
+        try:
+            snapshot = SessionSnapshot.decode(blob, self.loop.time())
+        except SnapshotError as error:
+            log.error("session taken back is unreadable, dropped: %s", error)
+            return False
+        if snapshot.client_id in self.sessions:
+            return False  # its client connected here again since: that session is newer
+        session = self.install_session(snapshot)
+        self.start_expiry(session)
+        self.broker.keeper.detached(session)
+        return True
+
     def install_session(self, snapshot: SessionSnapshot) -> Session:
         """A handed-over session here, detached (the caller attaches it)."""
         session = self.new_session(snapshot.client_id)

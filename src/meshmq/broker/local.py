@@ -8,10 +8,11 @@ itself and publishes its own ``$SYS`` totals. These classes say so, so that the 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from functools import partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from meshmq.broker.interfaces import Done, SharedKey
+    from meshmq.broker.interfaces import Done, Kept, SharedKey
     from meshmq.broker.keeper import StateKeeper
     from meshmq.broker.message import Message
     from meshmq.broker.retained import RetainedStore
@@ -44,10 +45,10 @@ class LocalRetained:
         self.keeper = keeper
         self.clock = clock
 
-    def keep(self, message: Message, done: Done | None) -> None:
+    def keep(self, message: Message, done: Kept | None) -> None:
         stored = message if message.payload else None  # MQTT-3.3.1-6: empty payload clears
         self.store.set(message.topic, stored)
-        self.keeper.retained(message.topic, stored, done)
+        self.keeper.retained(message.topic, stored, None if done is None else partial(done, None))
 
     def query(self, filters: list[str], done: Callable[[list[list[Message]]], None]) -> None:
         done([self.matching(topic_filter) for topic_filter in filters])

@@ -117,33 +117,37 @@ class Persistence(LogAccess):
     def partition_for(self, topic: str) -> int:
         return self.commit_log.partition_for(topic)
 
-    def append(self, message: Message, client_id: str, done: Completion) -> bool:
+    def append(self, message: Message, client_id: str, done: Completion,
+               message_id: bytes | None = None) -> bool:
         """Queue ``message`` for the log; ``done`` runs on the loop once durable (``Stored``)
-        or failed (``Refused``).
+        or failed (``Refused``). ``message_id``: the record's id (None: a new one).
 
         Returns False, without calling ``done``, when the writer's queue is full.
         """
         try:
             self.writer.submit_nowait(*self._request(message, client_id, done,
-                                                     int(time.time() * 1000)))
+                                                     int(time.time() * 1000), message_id))
         except queue.Full:
             return False
         return True
 
-    def append_many(self, publishes: list[tuple[Message, str, Completion]]) -> int:
-        """``append`` for each (message, client id, done) in order, under one lock round trip
-        of the writer's queue; returns how many were queued (the rest found it full and their
-        ``done`` is never called)."""
+    def append_many(self, publishes: list[tuple[Message, str, Completion, bytes | None]]
+                    ) -> int:
+        """``append`` for each (message, client id, done, message id) in order, under one
+        lock round trip of the writer's queue; returns how many were queued (the rest found
+        it full and their ``done`` is never called)."""
         now_ms = int(time.time() * 1000)
         return self.writer.submit_many_nowait(
-            [self._request(message, client_id, done, now_ms)
-             for message, client_id, done in publishes])
+            [self._request(message, client_id, done, now_ms, message_id)
+             for message, client_id, done, message_id in publishes])
 
-    def _request(self, message: Message, client_id: str, done: Completion, now_ms: int
+    def _request(self, message: Message, client_id: str, done: Completion, now_ms: int,
+                 message_id: bytes | None = None
                  ) -> tuple[Record, Callable[[_Outcome], None], FsyncPolicy | None]:
         record = Record.new(
             message.topic, message.payload, now_ms, qos=message.qos, retain=message.retain,
             properties=message.encoded_properties(), client_id=client_id,
+            message_id=message_id,
         )
         return record, partial(self._completed, done), self._policy_for(message.topic)
 

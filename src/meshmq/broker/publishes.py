@@ -12,6 +12,13 @@ outcome says it is durable:
   it; only the acknowledgement is left to do here;
 * ``Refused``: 5.0 gets a PUBACK/PUBREC with the reason code; 3.1.1 cannot be told no, so its
   connection is closed and it resends.
+* ``Unknown``: the leader may have stored and routed it, or not (the link to it dropped, or
+  no answer came in time). That is never reported as a failure: the connection is closed
+  (5.0: DISCONNECT 0x80 first), so the client resends with DUP on its next connection, and
+  the session remembers the attempt's message id (``Session.note_uncertain``) so that the
+  resend carries it and the leader, if it did store the first attempt, answers with that
+  instead of storing it twice (cluster/partitions.py). QoS 2 forgets the packet id, so the
+  resend is appended, not taken for a message already routed.
 
 So a PUBACK means as durable as ``log.fsync`` promises, and subscribers never see a message
 the log does not hold. Other publishes are routed at once. A retained publish is stored as
@@ -33,6 +40,7 @@ from meshmq.broker.interfaces import (
     Refused,
     Stored,
     StoredElsewhere,
+    Unknown,
 )
 from meshmq.broker.message import Message
 from meshmq.mqtt.packets import MQTT_5, Puback, Pubcomp, Publish, Pubrec, Pubrel
@@ -87,10 +95,26 @@ class Publishes:
         qos = packet.qos
         if message.retain:  # the retained store changes: acknowledge once that is on disk
             self.broker.retained.keep(message, partial(
-                self._acknowledge, client, packet, receivers) if qos else None)
+                self._retained_kept, client, packet, receivers) if qos else None)
             return
         if qos:
             self._acknowledge(client, packet, receivers)
+
+    def _retained_kept(self, client: ClientProtocol, packet: Publish, receivers: int,
+                       failure: Refused | Unknown | None) -> None:
+        """A retained publish was routed; its store answered: acknowledged only if stored
+        (a store that is down refuses it; one that did not answer is an unknown outcome)."""
+        if failure is None:
+            return self._acknowledge(client, packet, receivers)
+        if isinstance(failure, Unknown):
+            return self._outcome_unknown(client, packet, failure)
+        session = client.session
+        assert session is not None  # handlers run after CONNECT set it
+        log.warning("retained message not stored client_id=%s topic=%r: %s",
+                    client.client_id, packet.topic, failure.why)
+        if not client.gone and session.client is client:
+            self._refuse(client, packet, failure.reason_code, "retained message not stored")
+            client.wake()
 
     def _acknowledge(self, client: ClientProtocol, packet: Publish, receivers: int) -> None:
         if client.gone:
@@ -122,6 +146,8 @@ class Publishes:
             attached = session.client is client and not client.gone
             if isinstance(outcome, Refused):
                 return self._persist_failed(client, packet, outcome)
+            if isinstance(outcome, Unknown):
+                return self._outcome_unknown(client, packet, outcome)
             if isinstance(outcome, StoredElsewhere):  # its leader stored and routed it
                 receivers = outcome.receivers + self._deliver_here(message, outcome)
                 if attached:
@@ -134,10 +160,34 @@ class Publishes:
             else:  # the publisher left: route anyway (it is durable), its resend acks itself
                 self.router.publish(message, self.loop.time())
 
-        if not persistence.append(message, session.client_id, durable):
+        message_id = session.take_uncertain(packet_id, packet.dup) if (
+            session.uncertain and packet_id is not None) else None
+        if not persistence.append(message, session.client_id, durable, message_id):
             session.qos2_durable(packet.packet_id)
             session.release_qos2(packet.packet_id)
             self._refuse(client, packet, ReasonCode.QUOTA_EXCEEDED, "log queue full")
+
+    def _outcome_unknown(self, client: ClientProtocol, packet: Publish,
+                         outcome: Unknown) -> None:
+        """Perhaps stored: neither acknowledge nor refuse. The client resends on its next
+        connection (with DUP) and the resend carries this attempt's message id."""
+        counters = self.broker.counters
+        unknown = counters["unknown_outcomes"] = counters["unknown_outcomes"] + 1
+        if unknown == 1 or unknown % 1000 == 0:  # one line per outage, not one per publish
+            log.warning("publish outcome unknown, closing the connection so that the client "
+                        "resends client_id=%s topic=%r why=%r count=%d", client.client_id,
+                        packet.topic, outcome.why, unknown)
+        session = client.session
+        assert session is not None  # handlers run after CONNECT set it
+        packet_id = packet.packet_id
+        if packet_id is not None:
+            session.release_qos2(packet_id)  # its resend must be stored, not re-acked
+            if outcome.message_id is not None:
+                session.note_uncertain(packet_id, outcome.message_id)
+        if not client.gone and session.client is client:
+            client.close_reason = f"publish outcome unknown: {outcome.why}"
+            client.conn.send_disconnect(ReasonCode.UNSPECIFIED_ERROR)  # 5.0 only
+            client.close()
 
     def _stored(self, persistence: PartitionLog, message: Message, outcome: Stored) -> None:
         message.set_position(outcome.partition, outcome.offset)
@@ -159,8 +209,8 @@ class Publishes:
         assert persistence is not None  # it was stored by this router's log
         self._stored(persistence, message, outcome)
         receivers = self.router.publish(message, self.loop.time())
-        if message.retain:
-            self.broker.retained.keep(message, partial(done, receivers))
+        if message.retain:  # (stored here: this router owns the topic, cluster/leaders.py)
+            self.broker.retained.keep(message, lambda failure: done(receivers))
         else:
             done(receivers)
 
@@ -172,6 +222,10 @@ class Publishes:
             def durable(outcome: AppendOutcome) -> None:
                 if isinstance(outcome, StoredElsewhere):
                     self._deliver_here(message, outcome)  # the leader routed it elsewhere
+                    return
+                if isinstance(outcome, Unknown):  # perhaps routed by the leader already
+                    log.warning("will perhaps not persisted client_id=%s: %s", client_id,
+                                outcome.why)
                     return
                 if isinstance(outcome, Stored):
                     self._stored(persistence, message, outcome)

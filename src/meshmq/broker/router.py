@@ -184,10 +184,8 @@ class Router:
         shared group in ``groups`` (the sender chose us for those)."""
         self.forwarded_in = True  # for sessions that moved on (cluster/moving.py)
         count = self._deliver_plain(message, now)
-        for key in groups:
-            group = self.shared.get(key[1], key[0])
-            if group is not None:
-                count += self._deliver_to_group(key, group, message, message.qos, now, None)
+        for key in groups:  # a group that emptied meanwhile: a member elsewhere takes it
+            count += self.deliver_shared(key, message, message.qos, now, None)
         self.forwarded_in = False
         if not message.topic.startswith(SYS_PREFIX):  # $SYS counts only client traffic
             self.delivered_qos[message.qos] += count

@@ -35,7 +35,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -62,6 +62,7 @@ log = logging.getLogger("meshmq.session")
 # own on first use (``_enqueue``, ``note_qos2``), never modified themselves.
 NO_QUEUE: deque[Any] = deque(maxlen=0)  # maxlen 0: an append by mistake would drop, not leak
 NO_IDS: set[int] = set()  # discarding from it is harmless; adding goes through note_qos2
+NO_UNCERTAIN: dict[int, bytes] = {}  # popping from it is harmless; note_uncertain adds
 NO_SUBSCRIPTIONS: dict[str, Any] = {}
 NO_INFLIGHT: dict[int, Any] = {}
 
@@ -131,6 +132,7 @@ class LiveState:
     inflight: list[tuple[int, Outbound]]
     queue: list[QueueEntry]
     catchup: dict[str, Any] | None  # {"filters": [[filter, start]], "dup_below", "lost"}
+    uncertain: dict[int, bytes] = field(default_factory=dict)  # see ``Session.uncertain``
 
 
 class Session:
@@ -158,6 +160,7 @@ class Session:
         "retained_window",
         "slots_freed",
         "subscriptions",
+        "uncertain",
         "username",
         "will",
         "will_handle",
@@ -176,6 +179,10 @@ class Session:
         # see one, and an empty set costs 216 bytes (docs/benchmarks.md, connection storms).
         self.qos2_in: set[int] = NO_IDS
         self.qos2_pending: set[int] = NO_IDS  # QoS 2 ids whose log append is not durable yet
+        # packet id -> message id of an inbound publish whose append had an unknown outcome
+        # (broker/publishes.py): its resend (DUP) carries that id, so that the partition's
+        # leader recognises it if it stored the first attempt. A shared empty dict until then.
+        self.uncertain: dict[int, bytes] = NO_UNCERTAIN
         self.dropped = 0
         self.slots_freed = False  # on_puback freed a slot since the last refill()
         self.will: Will | None = None
@@ -211,6 +218,19 @@ class Session:
             if self.qos2_pending is NO_IDS:
                 self.qos2_pending = set()
             self.qos2_pending.add(packet_id)
+
+    def note_uncertain(self, packet_id: int, message_id: bytes) -> None:
+        """The append of inbound ``packet_id`` had an unknown outcome (``Unknown``)."""
+        if self.uncertain is NO_UNCERTAIN:
+            self.uncertain = {}
+        self.uncertain[packet_id] = message_id
+
+    def take_uncertain(self, packet_id: int, dup: bool) -> bytes | None:
+        """The message id to append inbound ``packet_id`` with: that of its first attempt if
+        this PUBLISH resends one whose outcome was unknown (``dup``), else None (a new
+        message: a stale entry for that packet id goes)."""
+        message_id = self.uncertain.pop(packet_id, None)
+        return message_id if dup else None
 
     def qos2_durable(self, packet_id: int | None) -> None:
         if packet_id is not None:
@@ -625,11 +645,13 @@ class Session:
             set(self.qos2_in), self._next_packet_id, self.dropped, list(self.inflight.items()),
             list(self.queue), None if catchup is None else {
                 "filters": [[f.topic_filter, f.start] for f in catchup.filters],
-                "dup_below": catchup.dup_below, "lost": catchup.lost})
+                "dup_below": catchup.dup_below, "lost": catchup.lost}, dict(self.uncertain))
 
     def restore_live(self, live: LiveState) -> None:
         """Take over a running state from another router (the session is detached)."""
         self.qos2_in = live.qos2_in
+        if live.uncertain:
+            self.uncertain = dict(live.uncertain)
         self._next_packet_id = live.next_packet_id
         self.dropped = live.dropped
         self.inflight = dict(live.inflight)

@@ -79,12 +79,16 @@ class Writer(_WireWriter):
         return _HEADER.pack(len(body) + 1, frame_type) + body
 
 
-def forward_frame(groups: list[GroupKey], body: bytes) -> bytes:
+RELAYED = 1 << 31  # in a FORWARD's group count: a shared message passed on, not routed
+
+
+def forward_frame(groups: list[GroupKey], body: bytes, relayed: bool = False) -> bytes:
     """FORWARD: the groups (name, filter) the receiver serves, then the message body (encoded
-    once for every peer, broker/wire.py)."""
+    once for every peer, broker/wire.py). ``relayed``: a shared group's message passed on by
+    a router whose group had no member left (the top bit of the group count)."""
     if not groups:
         return _HEADER.pack(len(body) + 5, FrameType.FORWARD) + b"\x00\x00\x00\x00" + body
-    writer = Writer().u32(len(groups))
+    writer = Writer().u32(len(groups) | (RELAYED if relayed else 0))
     for name, topic_filter in groups:
         writer.text(name).text(topic_filter)
     head = b"".join(writer.parts)
@@ -169,32 +173,37 @@ class Forward:
 
     groups: list[GroupKey]
     message: bytes
+    relayed: bool = False  # passed on once already: not passed on again
 
     def encode(self) -> bytes:
-        return forward_frame(self.groups, self.message)
+        return forward_frame(self.groups, self.message, self.relayed)
 
     @classmethod
     def decode(cls, body: bytes) -> Forward:
         if body[:4] == b"\x00\x00\x00\x00":  # no groups: the hot case
             return cls([], body[4:])
         reader = Reader(body)
-        groups = [(reader.text(), reader.text()) for _ in range(reader.u32())]
-        return cls(groups, _rest(body, reader))
+        count = reader.u32()
+        groups = [(reader.text(), reader.text()) for _ in range(count & ~RELAYED)]
+        return cls(groups, _rest(body, reader), bool(count & RELAYED))
 
 
 class AppendEntry(NamedTuple):
-    """One publish of an APPEND."""
+    """One publish of an APPEND. ``message_id`` is the record's id, drawn by the requester:
+    a publish resent after an answer that never came carries the same one, so that the leader
+    recognises a message it stored already (cluster/partitions.py)."""
 
     request_id: int
     client_id: str  # the publisher's
+    message_id: bytes  # 16 bytes (log/record.py)
     message: bytes  # its body (broker/wire.py)
 
 
-_ENTRY = struct.Struct(">QH")  # request id, client id length
+_ENTRY = struct.Struct(">Q16sH")  # request id, message id, client id length
 _ANSWER = struct.Struct(">QBIQIB")  # request id, status, partition, offset, receivers, local?
 _COUNT = struct.Struct(">I")
 # A named tuple from a tuple of its fields, without its Python-level ``__new__`` (hot paths:
-# ``new_named(AppendEntry, (request_id, client_id, body))``).
+# ``new_named(AppendEntry, (request_id, client_id, message_id, body))``).
 new_named = tuple.__new__
 
 
@@ -209,9 +218,9 @@ class Append:
     def encode(self) -> bytes:
         parts = [_COUNT.pack(len(self.entries))]
         append, entry, count = parts.append, _ENTRY.pack, _COUNT.pack
-        for request_id, client_id, message in self.entries:
+        for request_id, client_id, message_id, message in self.entries:
             sender = client_id.encode("utf-8")
-            append(entry(request_id, len(sender)))
+            append(entry(request_id, message_id, len(sender)))
             append(sender)
             append(count(len(message)))
             append(message)
@@ -225,8 +234,8 @@ class Append:
             pos, size, entries = 4, len(body), []
             unpack_entry, unpack_count = _ENTRY.unpack_from, _COUNT.unpack_from
             for _ in range(number):
-                request_id, length = unpack_entry(body, pos)
-                pos += 10
+                request_id, message_id, length = unpack_entry(body, pos)
+                pos += 26
                 client_id = body[pos:pos + length].decode("utf-8")
                 pos += length
                 (length,) = unpack_count(body, pos)
@@ -235,7 +244,8 @@ class Append:
                     raise WireError("body ends early")
                 message = body[pos:pos + length]
                 pos += length
-                entries.append(new_named(AppendEntry, (request_id, client_id, message)))
+                entries.append(new_named(AppendEntry, (request_id, client_id, message_id,
+                                                       message)))
         except struct.error:
             raise WireError("body ends early") from None
         except UnicodeDecodeError:
@@ -703,12 +713,15 @@ def decode_frame(frame_type: int, body: bytes) -> Frame:
 
 
 class FrameReader:
-    """Splits a byte stream into ``(type, body)`` frames (sans-I/O)."""
+    """Splits a byte stream into ``(type, body)`` frames (sans-I/O). A frame longer than
+    ``max_frame`` is a ``LinkError`` as soon as its header is read (the mesh keeps it small
+    until the peer's HELLO has arrived)."""
 
-    __slots__ = ("_buffer",)
+    __slots__ = ("_buffer", "max_frame")
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buffer = bytearray()
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         buffer = self._buffer
@@ -722,9 +735,10 @@ class FrameReader:
         size = len(source)
         unpack = _HEADER.unpack_from
         known = KNOWN_TYPES
+        max_frame = self.max_frame
         while size - pos >= 5:
             length, frame_type = unpack(source, pos)
-            if length < 1 or length > MAX_FRAME:
+            if length < 1 or length > max_frame:
                 raise LinkError(f"frame length {length} out of range")
             if frame_type not in known:
                 raise LinkError(f"unknown frame type {frame_type}")

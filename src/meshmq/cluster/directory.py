@@ -16,7 +16,12 @@ journaled, where it last connected. Client id ``c`` is *owned* by worker ``crc32
   the holder and answers ``w`` with what ``h`` handed over (``CLAIMED``). Two connections for one
   client id at once: the later claim takes the session from the earlier one, as on one broker.
 * **Settle.** ``w`` installs the session, announces its routes and tells each worker that
-  handed it over (``SETTLED``), which drops its stand-in.
+  handed it over (``SETTLED``), which drops its stand-in. The hand-over is two-phase: until
+  ``SETTLED`` arrives, the old holder keeps the session it exported (in the stand-in). If no
+  ``SETTLED`` comes within ``SETTLE_TIMEOUT`` or the link to ``w`` drops (its claim timed out
+  and the late answer was dropped, or ``w`` died), the old holder takes the session back:
+  installed offline, journaled and registered with the owner again, so the next claim finds
+  it. A session is never dropped on the hope that someone else has it.
 * **Register.** Sessions that exist without a claim (restored at start-up, assigned client
   ids, made while the owner was down) are reported to their owners (``REGISTER``); so are
   sessions that end. A worker sends the whole list it holds for a peer each time that peer
@@ -54,6 +59,7 @@ if TYPE_CHECKING:
     from meshmq.broker.session import Session
     from meshmq.cluster.leaders import Leadership
     from meshmq.cluster.mesh import Mesh
+    from meshmq.cluster.timers import Timer
 
 log = logging.getLogger("meshmq.directory")
 
@@ -83,6 +89,11 @@ class SessionHost(Protocol):
         """A connection for ``client_id`` waiting for its CONNACK here lost the session to a
         newer one elsewhere: it must not go on."""
 
+    def take_back_session(self, blob: bytes) -> bool:
+        """A session this router handed over was never confirmed by its new holder: install
+        it again, offline (expiry from now, journaled), unless a newer session for that
+        client id is here already. True if installed."""
+
     def forwarded_in(self) -> bool:
         """Is the router delivering a message another worker forwarded (right now)?"""
 
@@ -105,13 +116,14 @@ class Directory:
         self._busy: dict[str, deque[Callable[[], None]]] = {}  # claims waiting, per client id
         self._complete: set[int] = set()  # peers whose full registration arrived since linking
         self._waiting_complete: list[Callable[[], None]] = []
-        self._claiming: set[str] = set()  # claims of ours in flight
+        self._claiming: dict[str, int] = {}  # claims of ours in flight, per client id
         self._held: dict[str, list[Held]] = {}  # DELIVERs for sessions on their way here
         self._pending_settle: dict[str, set[int]] = {}  # client id -> workers to tell SETTLED
         self._stand_ins: dict[str, MovedSession] = {}
-        self._complete_deadline = 0.0
+        self._complete_timer: Timer | None = None
         self._restored = False  # the broker's own sessions are restored (and registered)
-        self.counters = {"claims": 0, "claims_remote": 0, "handed_over": 0, "stand_ins": 0}
+        self.counters = {"claims": 0, "claims_remote": 0, "handed_over": 0, "stand_ins": 0,
+                         "taken_back": 0}
         for frame_type, handler in (
                 (FrameType.CLAIM, self._on_claim), (FrameType.RELEASE, self._on_release),
                 (FrameType.REGISTER, self._on_register), (FrameType.DELIVER, self._on_deliver),
@@ -119,7 +131,6 @@ class Directory:
             mesh.handle(frame_type, handler)
         mesh.on_link_up.append(self._on_link_up)
         mesh.on_link_down.append(self._on_link_down)
-        mesh.on_tick.append(self.tick)
 
     @property
     def me(self) -> int:
@@ -136,11 +147,14 @@ class Directory:
         if not self.mesh.linked:
             return False
         self.counters["claims"] += 1
-        self._claiming.add(client_id)
+        claiming = self._claiming
+        claiming[client_id] = claiming.get(client_id, 0) + 1  # two CONNECTs of one id here
         owner = self.leadership.owner_of_client(client_id)
 
         def answered(status: int, holders: list[int], sessions: list[bytes]) -> None:
-            self._claiming.discard(client_id)
+            left = claiming.pop(client_id, 1) - 1
+            if left > 0:
+                claiming[client_id] = left
             self.drop_moved(client_id)  # a stand-in left here is not the session
             adopted = self.host.adopt_sessions(sessions) if sessions else []
             for holder in holders:  # a stand-in waits for our SETTLED
@@ -212,8 +226,11 @@ class Directory:
     # ------------------------------------------------------------------ claims (owner)
 
     def _on_claim(self, peer: int, frame: Claim) -> None:
+        link = self.mesh.incarnation(peer)  # the answer goes on this link or nowhere
+
         def answer(status: int, holders: list[int], sessions: list[bytes]) -> None:
-            self.mesh.send(peer, Claimed(frame.request_id, status, holders, sessions).encode())
+            self.mesh.send(peer, Claimed(frame.request_id, status, holders, sessions).encode(),
+                           link)
 
         self._serve_claim(peer, frame.client_id, frame.clean_start, answer)
 
@@ -270,10 +287,12 @@ class Directory:
     # ------------------------------------------------------------------ releasing (holder)
 
     def _on_release(self, peer: int, frame: Release) -> None:
+        link = self.mesh.incarnation(peer)
+
         def answer(frame_: Claimed | None, request_id: int = frame.request_id) -> None:
             assert frame_ is not None
             self.mesh.send(peer, Claimed(request_id, frame_.status, frame_.holders,
-                                         frame_.sessions).encode())
+                                         frame_.sessions).encode(), link)
 
         self._release_here(frame.client_id, frame.clean_start, frame.to, answer)
 
@@ -282,7 +301,7 @@ class Directory:
         host = self.host
         if isinstance(host.sessions.get(client_id), MovedSession):
             return answer(Claimed(0, CLAIM_NONE, [], []))  # it lives elsewhere already
-        if client_id in self._claiming:
+        if self._claiming.get(client_id):
             host.supersede(client_id)
         session = host.release_session(client_id, clean_start)
         log.debug("release client_id=%s to worker %d clean=%s handed=%s", client_id, to,
@@ -292,22 +311,36 @@ class Directory:
         blob = host.export_session(session)
         self.counters["handed_over"] += 1
         if to != self.me:
-            self._stand_in(session, to)
+            self._stand_in(session, to, blob)
         answer(Claimed(0, CLAIM_SESSION, [self.me], [blob]))
 
     # ------------------------------------------------------------------ stand-ins
 
-    def _stand_in(self, session: Session, peer: int) -> None:
-        """Put a ``MovedSession`` where ``session`` was (cluster/moving.py)."""
+    def _stand_in(self, session: Session, peer: int, blob: bytes) -> None:
+        """Put a ``MovedSession`` where ``session`` was (cluster/moving.py), keeping the
+        session handed over (``blob``) until ``peer`` confirms it with SETTLED."""
         client_id = session.client_id
         mesh = self.mesh
         stub = MovedSession(session, peer, partial(self._deliver_moved, peer, client_id),
-                            partial(self._covered, peer))
-        stub.deadline = mesh.io.now() + SETTLE_TIMEOUT
-        mesh.io.schedule(stub.deadline)
+                            partial(self._covered, peer), blob)
+        stub.timer = mesh.call_at(mesh.io.now() + SETTLE_TIMEOUT,
+                                  partial(self._unsettled, client_id, stub))
         self.host.sessions[client_id] = stub
         self.counters["stand_ins"] += 1
         self._stand_ins[client_id] = stub
+
+    def _unsettled(self, client_id: str, stub: MovedSession) -> None:
+        if self._stand_ins.get(client_id) is stub:
+            self._take_back(client_id, stub, f"no SETTLED within {SETTLE_TIMEOUT:.0f} s")
+
+    def _take_back(self, client_id: str, stub: MovedSession, why: str) -> None:
+        """The hand-over to ``stub.peer`` was never confirmed: the session comes back here."""
+        self._drop_stand_in(client_id, stub)
+        if self.host.take_back_session(stub.blob):
+            self.counters["taken_back"] += 1
+            log.warning("session handed to worker %d taken back client_id=%s: %s", stub.peer,
+                        client_id, why)
+            self._register([client_id], [])
 
     def _covered(self, peer: int, message: Message) -> bool:
         """Will ``peer`` get this message anyway (a publish made here that a plain route of
@@ -325,7 +358,7 @@ class Directory:
     def _on_deliver(self, peer: int, frame: Deliver) -> None:
         message = self.host.decode_message(frame.message)
         ids = frame.subscription_ids or None
-        if frame.client_id in self._claiming:  # on its way here: deliver once adopted
+        if self._claiming.get(frame.client_id):  # on its way here: deliver once adopted
             self._held.setdefault(frame.client_id, []).append(
                 (message, frame.qos, frame.retain, ids, frame.group))
             return
@@ -340,7 +373,10 @@ class Directory:
             self._drop_stand_in(frame.client_id, stub)
 
     def _drop_stand_in(self, client_id: str, stub: MovedSession) -> None:
-        self._stand_ins.pop(client_id, None)
+        if stub.timer is not None:
+            stub.timer.cancel()
+        if self._stand_ins.get(client_id) is stub:
+            del self._stand_ins[client_id]
         if self.host.sessions.get(client_id) is stub:
             del self.host.sessions[client_id]
             self.host.drop_session(stub)
@@ -351,12 +387,6 @@ class Directory:
         stub = self.host.sessions.get(client_id)
         if isinstance(stub, MovedSession):
             self._drop_stand_in(client_id, stub)
-
-    def expire(self, now: float) -> None:
-        """Stand-ins that heard no SETTLED in time go."""
-        for client_id, stub in list(self._stand_ins.items()):
-            if stub.deadline <= now:
-                self._drop_stand_in(client_id, stub)
 
     # ------------------------------------------------------------------ registration
 
@@ -417,7 +447,7 @@ class Directory:
         self._complete.discard(peer)
         for client_id, stub in list(self._stand_ins.items()):
             if stub.peer == peer:
-                self._drop_stand_in(client_id, stub)
+                self._take_back(client_id, stub, "the link to it dropped before SETTLED")
         self._check_complete()
 
     def _when_complete(self, job: Callable[[], None]) -> None:
@@ -427,24 +457,21 @@ class Directory:
             return
         self._waiting_complete.append(job)
         if len(self._waiting_complete) == 1:
-            self._complete_deadline = self.mesh.io.now() + ANSWER_TIMEOUT
-            self.mesh.io.schedule(self._complete_deadline)
+            self._complete_timer = self.mesh.call_at(
+                self.mesh.io.now() + ANSWER_TIMEOUT, partial(self._check_complete, True))
 
-    def _check_complete(self, now: float | None = None) -> None:
+    def _check_complete(self, overdue: bool = False) -> None:
         if not self._waiting_complete:
             return
-        overdue = now is not None and now >= self._complete_deadline
         if overdue or set(self.mesh.peers) <= self._complete:
             if overdue:
                 log.warning("claims served before every worker registered its sessions")
+            elif self._complete_timer is not None:
+                self._complete_timer.cancel()
+            self._complete_timer = None
             jobs, self._waiting_complete = self._waiting_complete, []
             for job in jobs:
                 job()
-
-    def tick(self, now: float) -> None:
-        """Timers: overdue registrations and stand-ins."""
-        self._check_complete(now)
-        self.expire(now)
 
     def statistics(self) -> dict[str, Any]:
         return {"directory_entries": len(self.holders), **self.counters}

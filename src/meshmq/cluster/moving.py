@@ -20,8 +20,9 @@ link, so B has adopted the session when it arrives. It skips what reaches B anyw
 
 B, once it has adopted the session and sent its routes, sends ``SETTLED``; A then drops the
 stub and its routes (B's now cover the session, and anything B routed before arrived at A
-before ``SETTLED`` and was sent back). A dropped link or ``SETTLE_TIMEOUT`` ends a stub too
-(cluster/directory.py keeps them).
+before ``SETTLED`` and was sent back). The stub keeps the session as A handed it over
+(``blob``): if the link to B drops or ``SETTLE_TIMEOUT`` passes without ``SETTLED``, A takes
+the session back instead of losing it (cluster/directory.py keeps the stubs).
 
 With more than two workers, a third worker C may forward a message to both A (whose stub sends
 it on) and B in the moment between learning B's routes and A's withdrawal: B can then receive
@@ -37,6 +38,7 @@ from meshmq.broker.session import Session, SharedKey
 
 if TYPE_CHECKING:
     from meshmq.broker.message import Message
+    from meshmq.cluster.timers import Timer
 
 SETTLE_TIMEOUT = 10.0  # seconds a stub waits for SETTLED before it gives up
 
@@ -46,16 +48,17 @@ Redirect = Callable[["Message", int, bool, "list[int] | None", "SharedKey | None
 class MovedSession(Session):
     """Stands in for a session handed over to ``peer`` until that worker has settled it."""
 
-    __slots__ = ("covered", "deadline", "peer", "redirect")
+    __slots__ = ("blob", "covered", "peer", "redirect", "timer")
 
     def __init__(self, moved: Session, peer: int, redirect: Redirect,
-                 covered: Callable[[Message], bool]) -> None:
+                 covered: Callable[[Message], bool], blob: bytes = b"") -> None:
         super().__init__(moved.client_id, moved.limits)
         self.subscriptions = moved.subscriptions  # still in this router's trie
         self.peer = peer
         self.redirect = redirect
         self.covered = covered  # True: the peer gets this message anyway
-        self.deadline = 0.0  # when it goes, SETTLED or not
+        self.blob = blob  # the session as handed over, until the peer confirms it
+        self.timer: Timer | None = None  # SETTLE_TIMEOUT
 
     def deliver(
         self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None,

@@ -14,12 +14,25 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
   ``StoredElsewhere``, or ``Refused`` with its reason. The requester has the message already,
   so the leader does not send it back: the answer says which shared groups the requester
   serves and it delivers the message to its own subscribers itself. The answers to a peer go
-  out before any ``FORWARD`` to that peer routed after them, so every worker sees a
-  partition in its leader's order (a retained publish, answered only once journaled, is
-  forwarded as usual instead). A leader that is not linked (it crashed and is being
-  restarted) refuses at once: its partitions are offline, the others go on. So nothing is
-  delivered before it is durable, and a PUBACK means durable whichever worker the publisher
-  is on.
+  out before any ``FORWARD`` to that peer routed after them, and before any frame that
+  reports high watermarks to it (``before_ordered``), so every worker sees a partition in its
+  leader's order and learns that an offset was its own publish before its view passes it (a
+  retained publish, answered only once journaled, is forwarded as usual instead). A leader
+  that is not linked (it crashed and is being restarted) refuses at once: its partitions are
+  offline, the others go on. So nothing is delivered before it is durable, and a PUBACK means
+  durable whichever worker the publisher is on. APPENDs travel in the mesh's data lane: a
+  leader that does not keep up makes its link congested, and the publisher waits
+  (``on_congested``).
+* **Unknown outcomes.** An append that went out and got no answer (the link dropped, or
+  ``APPEND_TIMEOUT`` passed) may have been stored and routed by the leader: its outcome is
+  ``Unknown``, never ``Refused`` (the broker closes the publisher's connection instead of
+  saying no, broker/publishes.py). Each append carries a message id drawn here (the record's
+  id); the leader remembers the ids of the last ``RECOGNISED_MAX`` publishes peers had it
+  store, and a resend with one of them (the session kept the id, broker/session.py) is
+  answered with where the first was stored instead of being stored again. Only an append
+  that never left this worker is refused for a missing link. Answers belong to the link
+  their request came on: one computed after that link dropped is dropped with it, never
+  sent on a later link, where the peer's request ids mean other publishes.
 * **Serving appends** (``APPEND`` from a peer): the same local append (a frame's publishes
   go to the writer's queue in one call), then the broker's
   ``route_stored`` routes it and stores it as retained if flagged; the answer carries where it
@@ -39,8 +52,10 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
 from __future__ import annotations
 
 import logging
-from collections import deque
+import time
+from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from meshmq.broker.interfaces import (
@@ -49,6 +64,7 @@ from meshmq.broker.interfaces import (
     Refused,
     Stored,
     StoredElsewhere,
+    Unknown,
 )
 from meshmq.broker.persistence import LogAccess, Persistence
 from meshmq.cluster.codec import (
@@ -63,6 +79,7 @@ from meshmq.cluster.codec import (
     Synced,
     new_named,
 )
+from meshmq.log.record import new_message_id
 from meshmq.log.view import LogView
 from meshmq.mqtt.reason_codes import ReasonCode
 
@@ -88,6 +105,18 @@ class _Pending(NamedTuple):
     leader: int
     partition: int
     done: Completion
+    message_id: bytes
+
+
+class _Stored(NamedTuple):
+    """A publish a peer asked this leader to store, remembered by its message id: where it
+    is, to how many receivers it went, and the peer it was left to deliver to its own
+    subscribers (``local_for``; -1: none)."""
+
+    partition: int
+    offset: int
+    receivers: int
+    left_to: int
 
 
 class PartitionedLog(LogAccess):
@@ -109,60 +138,73 @@ class PartitionedLog(LogAccess):
                                  high_watermark=self.high_watermark)
         self.view = LogView(data_dir)
         self.route_stored: RouteStored | None = None  # set by the broker's side (workers.py)
-        self.counters = {"appends_forwarded": 0, "appends_served": 0, "appends_refused": 0}
+        self.counters = {"appends_forwarded": 0, "appends_served": 0, "appends_refused": 0,
+                         "appends_unknown": 0, "appends_recognised": 0,
+                         "answers_dropped": 0}
         self._next_request = 1
         self._pending: dict[int, _Pending] = {}  # appends waiting for their leader's answer
-        # (deadline, last request id) per APPEND frame sent, in the order they were sent
-        self._deadlines: deque[tuple[float, int]] = deque()
         self._outbox: dict[int, list[AppendEntry]] = {}  # this turn's appends, per leader
         self._answers: dict[int, list[AppendAnswer]] = {}  # this turn's answers, per peer
+        self._stored: OrderedDict[bytes, _Stored] = OrderedDict()  # by message id, newest last
         mesh.handle(FrameType.APPEND, self._on_append)
         mesh.handle(FrameType.APPENDED, self._on_appended)
         mesh.before_send += [self._send_appends, self._send_answers]
-        mesh.before_forward = self._answers_first
-        mesh.on_link_down.append(self._leader_down)
-        mesh.on_tick.append(self._expire)
+        mesh.before_ordered = self._answers_first
+        mesh.on_link_down.append(self._link_down)
         mesh.handle(FrameType.SYNC, self._on_sync)
         mesh.on_link_up.append(self._on_link_up)
         mesh.on_highs = lambda peer, highs: self.synced(highs)
 
     # ------------------------------------------------------------------ the core's interface
 
-    def append(self, message: Message, client_id: str, done: Completion) -> bool:
+    def append(self, message: Message, client_id: str, done: Completion,
+               message_id: bytes | None = None) -> bool:
         partition = self.partition_for(message.topic)
         leader = self._leaders[partition]
         if leader == self._me:
-            return self.local.append(message, client_id, done)
-        if leader not in self.mesh.peers:
+            if message_id is not None:
+                stored = self._stored.get(message_id)
+                if stored is not None:  # a resend of one a peer stored here: never twice
+                    self.counters["appends_recognised"] += 1
+                    self.loop.call_soon(done, StoredElsewhere(
+                        stored.partition, stored.offset, stored.receivers, None))
+                    return True
+            return self.local.append(message, client_id, done, message_id)
+        mesh = self.mesh
+        if leader not in mesh.peers:
             self.counters["appends_refused"] += 1
             self.loop.call_soon(done, Refused(
                 ReasonCode.UNSPECIFIED_ERROR,
                 f"partition {partition} is offline: its leader, worker {leader}, is down"))
             return True
+        if message_id is None:
+            message_id = new_message_id(int(time.time() * 1000))
         request_id = self._next_request
         self._next_request += 1
-        self._pending[request_id] = new_named(_Pending, (leader, partition, done))
+        self._pending[request_id] = new_named(_Pending, (leader, partition, done, message_id))
         outbox = self._outbox.get(leader)
         if outbox is None:
             outbox = self._outbox[leader] = []
-        outbox.append(new_named(AppendEntry, (request_id, client_id, self.encode(message))))
-        self.mesh.wake()
+        outbox.append(new_named(AppendEntry, (request_id, client_id, message_id,
+                                              self.encode(message))))
+        mesh.wake()
         self.counters["appends_forwarded"] += 1
+        if mesh.congested(leader) and mesh.on_congested is not None:
+            mesh.on_congested(leader)  # the publisher waits until the leader's link drains
         return True
 
     def _send_appends(self) -> None:
-        """Before the mesh writes: one APPEND frame per leader with this turn's publishes."""
+        """Before the mesh writes: one APPEND frame per leader with this turn's publishes,
+        and one deadline for all of them."""
         if not self._outbox:
             return
         outbox, self._outbox = self._outbox, {}
         for leader, entries in outbox.items():
             if not self.mesh.send(leader, Append(entries).encode()):
-                for request_id, _, _ in entries:
-                    self._fail(request_id, "its leader went down")
-        deadline = self.mesh.io.now() + APPEND_TIMEOUT  # one for this turn's frames
-        self._deadlines.append((deadline, self._next_request - 1))
-        if len(self._deadlines) == 1:
-            self.mesh.io.schedule(deadline)
+                for entry in entries:  # never sent: certainly not stored
+                    self._fail(entry.request_id, "its leader went down")
+        last = self._next_request - 1
+        self.mesh.call_at(self.mesh.io.now() + APPEND_TIMEOUT, partial(self._overdue, last))
 
     def _on_appended(self, peer: int, frame: Appended) -> None:
         waiting = self._pending
@@ -185,30 +227,37 @@ class PartitionedLog(LogAccess):
             pending.done(Refused(ReasonCode.UNSPECIFIED_ERROR,
                                  f"partition {pending.partition}: {why}"))
 
-    def _leader_down(self, peer: int) -> None:
-        for request_id in [r for r, p in self._pending.items() if p.leader == peer]:
-            self._fail(request_id, f"its leader, worker {peer}, went down")
-        self._outbox.pop(peer, None)
+    def _unknown(self, request_id: int, why: str) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            self.counters["appends_unknown"] += 1
+            pending.done(Unknown(f"partition {pending.partition}: {why}", pending.message_id))
 
-    def _expire(self, now: float) -> None:
-        """Fail the appends of every frame sent ``APPEND_TIMEOUT`` ago that are unanswered
-        (``_pending`` is in request id order: the oldest come first)."""
-        deadlines = self._deadlines
-        while deadlines:
-            deadline, last = deadlines[0]
-            if deadline > now and self._pending and next(iter(self._pending)) <= last:
-                self.mesh.io.schedule(deadline)
-                return
-            deadlines.popleft()
-            if deadline > now:
-                continue  # all of that frame's appends are answered
-            overdue = []
-            for request_id in self._pending:
-                if request_id > last:
-                    break
-                overdue.append(request_id)
-            for request_id in overdue:
-                self._fail(request_id, f"no answer from its leader within {APPEND_TIMEOUT:.0f} s")
+    def _link_down(self, peer: int) -> None:
+        """The link to ``peer`` is gone: the appends it was asked for may or may not be
+        stored (unknown); those still in this turn's outbox were never sent (refused); the
+        answers queued for it belong to that link (dropped)."""
+        unsent = {entry.request_id for entry in self._outbox.pop(peer, [])}
+        for request_id in [r for r, p in self._pending.items() if p.leader == peer]:
+            if request_id in unsent:
+                self._fail(request_id, f"its leader, worker {peer}, went down")
+            else:
+                self._unknown(request_id, f"the link to its leader, worker {peer}, dropped "
+                                          "before the answer came")
+        dropped = self._answers.pop(peer, None)
+        if dropped:
+            self.counters["answers_dropped"] += len(dropped)
+
+    def _overdue(self, last: int) -> None:
+        """The appends sent ``APPEND_TIMEOUT`` ago (ids up to ``last``) that are still
+        unanswered: unknown (``_pending`` is in request id order: the oldest come first)."""
+        overdue = []
+        for request_id in self._pending:
+            if request_id > last:
+                break
+            overdue.append(request_id)
+        for request_id in overdue:
+            self._unknown(request_id, f"no answer from its leader within {APPEND_TIMEOUT:.0f} s")
 
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
         if self.leadership.leads(partition):
@@ -269,51 +318,85 @@ class PartitionedLog(LogAccess):
 
     def _on_append(self, peer: int, frame: Append) -> None:
         """Persist a peer's publishes (queued to the writer together), route each once durable,
-        answer each (in this turn's batch)."""
+        answer each (in this turn's batch, on the link the request came on)."""
         now = self.loop.time()
+        link = self.mesh.incarnation(peer)
+        assert link is not None  # a frame came on it
         partition_for, leaders, me, decode = (
             self.partition_for, self._leaders, self._me, self.decode)
-        accepted: list[tuple[Message, str, Completion]] = []
+        accepted: list[tuple[Message, str, Completion, bytes | None]] = []
         request_ids: list[int] = []
-        for request_id, client_id, body in frame.entries:
+        stored = self._stored
+        for request_id, client_id, message_id, body in frame.entries:
+            known = stored.get(message_id)
+            if known is not None:  # a resend after an answer that never arrived
+                self.counters["appends_recognised"] += 1
+                self._answer(peer, link, AppendAnswer(
+                    request_id, 0, known.partition, known.offset, known.receivers,
+                    [] if known.left_to == peer else None))
+                continue
             message = decode(body, now)
             if leaders[partition_for(message.topic)] != me:
-                self._answer(peer, AppendAnswer(request_id, ReasonCode.UNSPECIFIED_ERROR))
+                self._answer(peer, link, AppendAnswer(request_id, ReasonCode.UNSPECIFIED_ERROR))
                 continue  # the leaders changed under the sender
-            accepted.append((message, client_id, self._durable(peer, request_id, message)))
+            accepted.append((message, client_id,
+                             self._durable(peer, link, request_id, message_id, message),
+                             message_id))
             request_ids.append(request_id)
         queued = self.local.append_many(accepted) if accepted else 0
         for request_id in request_ids[queued:]:  # the writer's queue is full
-            self._answer(peer, AppendAnswer(request_id, ReasonCode.QUOTA_EXCEEDED))
+            self._answer(peer, link, AppendAnswer(request_id, ReasonCode.QUOTA_EXCEEDED))
 
-    def _answer(self, peer: int, answer: AppendAnswer) -> None:
+    def _answer(self, peer: int, link: int, answer: AppendAnswer) -> None:
+        """Queue ``answer`` for this turn's APPENDED to ``peer``, if the link its request came
+        on is still the peer's (an answer never goes to a later incarnation)."""
+        if self.mesh.incarnation(peer) != link:
+            self.counters["answers_dropped"] += 1
+            return
         answers = self._answers.get(peer)
         if answers is None:
             answers = self._answers[peer] = []
         answers.append(answer)
         self.mesh.wake()
 
-    def _durable(self, peer: int, request_id: int, message: Message) -> Completion:
-        """What to do once a peer's publish is durable: route it, then answer."""
+    def _remember(self, message_id: bytes, partition: int, offset: int, receivers: int,
+                  peer: int) -> None:
+        """A peer's publish is stored and routed: its resend is answered from here."""
+        stored = self._stored
+        stored[message_id] = new_named(_Stored, (partition, offset, receivers, peer))
+        if len(stored) > RECOGNISED_MAX:
+            stored.popitem(last=False)
+
+    def _durable(self, peer: int, link: int, request_id: int, message_id: bytes,
+                 message: Message) -> Completion:
+        """What to do once a peer's publish is durable: remember it, route it, answer."""
         def durable(outcome: AppendOutcome) -> None:
             if not isinstance(outcome, Stored) or self.route_stored is None:
                 code = outcome.reason_code if isinstance(outcome, Refused) else (
                     ReasonCode.UNSPECIFIED_ERROR)
                 log.error("append for worker %d failed topic=%r: %s", peer, message.topic,
                           getattr(outcome, "why", "no broker"))
-                return self._answer(peer, AppendAnswer(request_id, code))
+                return self._answer(peer, link, AppendAnswer(request_id, code))
             self.counters["appends_served"] += 1
             partition, offset = outcome.partition, outcome.offset
             if message.retain:  # answered once journaled: forwarded as usual meanwhile
-                self.route_stored(message, outcome, lambda receivers: self._answer(
-                    peer, AppendAnswer(request_id, 0, partition, offset, receivers)))
+                def journaled(receivers: int) -> None:
+                    self._remember(message_id, partition, offset, receivers, -1)
+                    self._answer(peer, link, AppendAnswer(request_id, 0, partition, offset,
+                                                          receivers))
+
+                self.route_stored(message, outcome, journaled)
                 return
             mesh = self.mesh
+
+            def routed(receivers: int) -> None:
+                self._remember(message_id, partition, offset, receivers, peer)
+                self._answer(peer, link, AppendAnswer(request_id, 0, partition, offset,
+                                                      receivers, mesh.local_groups))
+
             mesh.local_for, mesh.local_groups = peer, None  # it delivers this one itself
             try:
-                self.route_stored(message, outcome, lambda receivers: self._answer(
-                    peer, AppendAnswer(request_id, 0, partition, offset, receivers,
-                                       mesh.local_groups)))
+                self.route_stored(message, outcome, routed)
             finally:
                 mesh.local_for = None
         return durable
@@ -326,9 +409,11 @@ class PartitionedLog(LogAccess):
             self.mesh.send(peer, Appended(batch).encode())
 
     def _answers_first(self, peer: int) -> None:
-        """A FORWARD is about to go to ``peer``: the answers to its appends routed before it go
-        first, so that the peer delivers its own publishes at their place in the partition's
-        order (the leader's), as it would have delivered them forwarded."""
+        """A FORWARD, or a frame that reports high watermarks, is about to go to ``peer``:
+        the answers to its appends routed before it go first, so that the peer delivers its
+        own publishes at their place in the partition's order (the leader's), as it would
+        have delivered them forwarded, and learns that an offset was its own publish before
+        any high watermark passes it."""
         batch = self._answers.pop(peer, None)
         if batch:
             self.mesh.send(peer, Appended(batch).encode())
@@ -337,4 +422,5 @@ class PartitionedLog(LogAccess):
         return {"leads": list(self.leadership.mine), **self.counters}
 
 
-APPEND_TIMEOUT = 30.0  # seconds a leader may take to make an append durable (a slow disk)
+APPEND_TIMEOUT = 10.0  # seconds a leader may take to make an append durable (a slow disk)
+RECOGNISED_MAX = 65536  # message ids of stored appends a leader remembers, to spot resends

@@ -2,13 +2,17 @@
 
 Theory of operation
 -------------------
-A request is a frame carrying a ``request_id`` sent to one peer; its answer is a frame carrying
-the same id, on the same link, after everything the peer sent before it (so an answer is also a
-barrier for that peer's earlier frames). ``Requests`` is sans-I/O: it hands out ids, keeps the
-pending ones with their deadlines, and is told what happened:
+A request is a frame carrying a ``request_id`` sent to one peer over one link; its answer is a
+frame carrying the same id, on the same link, after everything the peer sent before it (so an
+answer is also a barrier for that peer's earlier frames). A request belongs to the *link* it
+went out on, not to the peer: ids restart in every process, so an answer that comes on a later
+link to the same peer (the peer restarted, or the link was replaced) is never taken for the
+answer to a request of an earlier one. ``Requests`` is sans-I/O: it hands out ids, keeps the
+pending ones with their link and deadline, and is told what happened:
 
-* ``answer(request_id, frame)``: the answer arrived; the request's callback gets the frame;
-* ``link_down(peer)``: every request pending at that peer fails (its callback gets None);
+* ``answer(link, request_id, frame)``: the answer arrived on ``link``; the request's callback
+  gets the frame (an id pending on another link is not this answer's: it is ignored);
+* ``link_down(link)``: every request pending on that link fails (its callback gets None);
 * ``expire(now)``: requests past their deadline fail the same way (time is an argument, as in
   ``mqtt/connection.py``; the mesh calls it from a timer).
 
@@ -35,7 +39,7 @@ Answer = Callable[["A | None"], None]  # None: the link dropped or the deadline 
 
 @dataclass(slots=True)
 class _Pending(Generic[A]):
-    peer: int
+    link: int  # the link incarnation the request went out on
     deadline: float
     callback: Callable[[A | None], None]
 
@@ -70,28 +74,41 @@ class Requests(Generic[A]):
     def __len__(self) -> int:
         return len(self._pending)
 
-    def start(self, peer: int, callback: Callable[[A | None], None], deadline: float) -> int:
-        """A new request to ``peer``; returns its id, for the frame the caller sends."""
+    def start(self, link: int, callback: Callable[[A | None], None], deadline: float) -> int:
+        """A new request sent on ``link``; returns its id, for the frame the caller sends."""
         request_id = self._next
         self._next += 1
-        self._pending[request_id] = _Pending(peer, deadline, callback)
+        self._pending[request_id] = _Pending(link, deadline, callback)
         heapq.heappush(self._deadlines, (deadline, request_id))
         return request_id
 
-    def answer(self, peer: int, request_id: int, frame: A) -> bool:
-        """An answer arrived from ``peer``; False if no such request is pending there (too
-        late, or never asked: the caller ignores it)."""
+    def answer(self, link: int, request_id: int, frame: A) -> bool:
+        """An answer arrived on ``link``; False if no such request is pending on it (too
+        late, asked on an earlier link, or never asked: the caller ignores it)."""
         pending = self._pending.get(request_id)
-        if pending is None or pending.peer != peer:
+        if pending is None or pending.link != link:
             return False
         del self._pending[request_id]
         pending.callback(frame)
         return True
 
-    def link_down(self, peer: int) -> None:
-        """Fail every request pending at ``peer``."""
-        for request_id in [r for r, p in self._pending.items() if p.peer == peer]:
+    def link_down(self, link: int) -> None:
+        """Fail every request pending on ``link``."""
+        for request_id in [r for r, p in self._pending.items() if p.link == link]:
             self._fail(request_id)
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a pending request or an unfinished ask_all."""
+        heap, groups = self._deadlines, self._groups
+        while heap and (heap[0][1] not in self._pending
+                        or self._pending[heap[0][1]].deadline != heap[0][0]):
+            heapq.heappop(heap)
+        while groups and groups[0][2].finished:
+            heapq.heappop(groups)
+        candidates = [heap[0][0]] if heap else []
+        if groups:
+            candidates.append(groups[0][0])
+        return min(candidates) if candidates else None
 
     def expire(self, now: float) -> float | None:
         """Finish the ask_alls and fail the requests whose deadline is ``now`` or earlier;
@@ -122,10 +139,11 @@ class Requests(Generic[A]):
         if pending is not None:
             pending.callback(None)
 
-    def ask_all(self, peers: Iterable[int], send: Callable[[int, int], None],
+    def ask_all(self, peers: Iterable[tuple[int, int]], send: Callable[[int, int], None],
                 on_answer: Callable[[int, A | None, bool], None],
                 done: Callable[[list[int]], None], deadline: float) -> list[int]:
-        """Send a request to each of ``peers`` (``send(peer, request_id)``); ``done(missing)``
+        """Send a request to each of ``peers``, (peer, link) pairs (``send(peer,
+        request_id)``); ``done(missing)``
         once all answered or failed, or at ``deadline``, whichever comes first (at once when
         there is no peer; ``missing``: the peers that had not answered). ``on_answer(peer,
         frame or None, late)`` sees every outcome, also those after ``done`` (``late``), up
@@ -141,12 +159,12 @@ class Requests(Generic[A]):
                     group.finish()
             return callback
 
-        group.waiting = set(asked)
+        group.waiting = {peer for peer, _ in asked}
         if not asked:
             group.finish()
-            return asked
+            return []
         self._group_seq += 1
         heapq.heappush(self._groups, (deadline, self._group_seq, group))
-        for peer in asked:
-            send(peer, self.start(peer, one(peer), deadline + self.late_grace))
-        return asked
+        for peer, link in asked:
+            send(peer, self.start(link, one(peer), deadline + self.late_grace))
+        return [peer for peer, _ in asked]

@@ -10,7 +10,10 @@ it, with no further hop.
 * ``keep``: a retained publish is routed by the worker that received it (so a publisher's
   messages on a topic keep their order whatever their retain flag), then stored by its owner:
   here (``LocalRetained``: store and journal), or by ``RETAIN`` to the owner, answered once
-  journaled (the PUBACK of a retained publish waits for it).
+  journaled (the PUBACK of a retained publish waits for it). Acknowledged means stored, for
+  retained messages too: an owner that is down refuses the publish (``Refused``), and one
+  that does not answer makes its outcome unknown (``Unknown``: the publisher's connection is
+  closed, broker/publishes.py), never a PUBACK.
 * ``query``: a filter without wildcards names one topic and asks its owner; a filter with
   wildcards asks every worker (each answers with what it owns). The answers are put together
   per filter. A worker that does not answer (down) contributes nothing: its retained
@@ -26,11 +29,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from meshmq.broker.interfaces import Refused, Unknown
 from meshmq.cluster.codec import FrameType, QueryRetained, Reply, Retain, Retained
+from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import has_wildcard
 
 if TYPE_CHECKING:
-    from meshmq.broker.interfaces import Done
+    from meshmq.broker.interfaces import Kept
     from meshmq.broker.local import LocalRetained
     from meshmq.broker.message import Message
     from meshmq.cluster.leaders import Leadership
@@ -65,7 +70,7 @@ class OwnedRetained:
 
     # ------------------------------------------------------------------ the core's interface
 
-    def keep(self, message: Message, done: Done | None) -> None:
+    def keep(self, message: Message, done: Kept | None) -> None:
         owner = self.leadership.owner_of_topic(message.topic)
         if owner == self.me:
             self.local.keep(message, done)
@@ -73,10 +78,13 @@ class OwnedRetained:
 
         def answer(reply: Reply | None) -> None:
             if reply is None:
-                log.warning("retained message not stored: its owner, worker %d, did not "
-                            "answer topic=%r", owner, message.topic)
-            if done is not None:
-                done()
+                log.warning("retained message perhaps not stored: its owner, worker %d, did "
+                            "not answer topic=%r", owner, message.topic)
+                if done is not None:
+                    done(Unknown(f"the retained store, worker {owner}, did not answer", None))
+            elif done is not None:
+                done(Refused(reply.status, f"refused by its owner, worker {owner}")
+                     if reply.status else None)
 
         body = self.encode(message)
         if not self.mesh.request(owner, lambda request_id: Retain(
@@ -84,7 +92,8 @@ class OwnedRetained:
             log.warning("retained message not stored: its owner, worker %d, is down "
                         "topic=%r", owner, message.topic)
             if done is not None:
-                done()
+                done(Refused(ReasonCode.UNSPECIFIED_ERROR,
+                             f"the retained store of this topic, worker {owner}, is down"))
 
     def query(self, filters: list[str], done: Callable[[Found], None]) -> None:
         found: Found = [[] for _ in filters]
@@ -131,11 +140,13 @@ class OwnedRetained:
     def _on_retain(self, peer: int, frame: Retain) -> None:
         message = self.decode(frame.message)
         reply = Reply(frame.request_id, 0).encode()
+        link = self.mesh.incarnation(peer)
         if frame.migrate and self.local.store.get(message.topic) is not None:
             self.mesh.send(peer, reply)  # the owner's own copy stays
             return
-        def stored() -> None:
-            self.mesh.send(peer, reply)
+
+        def stored(failure: object) -> None:
+            self.mesh.send(peer, reply, link)  # (only on the link the request came on)
 
         self.local.keep(message, stored)
 

@@ -7,8 +7,21 @@ and dials every worker with a higher index, so each pair has one link. A dial th
 dialed link that closes, is dialed again after a backoff (``Redial``: 10 ms doubling to 1 s),
 as long as the peer is not linked. Bytes go to ``Mesh.data_received``; what the mesh queues is
 written once per loop turn (``wake`` → ``flush``), one ``write`` per link. The transport's
-write buffer limits are the mesh's congestion marks: ``pause_writing`` / ``resume_writing``
-tell it. The mesh's deadlines come back as one loop timer (``schedule``).
+write buffer limits tell the mesh when its data must wait (``pause_writing`` /
+``resume_writing`` → ``Mesh.link_paused``). The mesh's deadlines come back as one loop timer
+(``schedule`` sets it).
+
+Who is at the other end. An abstract socket's name is visible to every local user
+(``/proc/net/unix``), so the name proves nothing: every link, accepted or dialed, is checked
+with the kernel's peer credentials (``SO_PEERCRED``) before the mesh hears of it. The peer must
+run as this process's user and be a child of this worker's supervisor (its parent process is
+ours), or be this very process (tests run several meshes in one). Anything else is logged and
+closed before a byte of it is read; a squatter on a peer's name is refused the same way.
+
+Start. A worker waits up to ``LINK_WAIT`` for every peer, then serves with those it reached
+and links the others when they come (a stopped peer, which accepts but never says HELLO, is
+dropped by the mesh's handshake timeout and dialed again): the partitions it leads are offline
+meanwhile, as when it is down.
 
 This module has no protocol in it: every decision is the mesh's; this one only moves bytes and
 time.
@@ -18,11 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
+import struct
 from typing import TYPE_CHECKING
 
 from meshmq.broker.layer import stream_transport
-from meshmq.cluster.mesh import WRITE_HIGH_WATER, WRITE_LOW_WATER
+from meshmq.cluster.mesh import SOCKET_HIGH_WATER, SOCKET_LOW_WATER
 
 if TYPE_CHECKING:
     from meshmq.cluster.mesh import Mesh
@@ -30,13 +45,39 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshmq.mesh")
 
-LINK_TIMEOUT = 60.0  # seconds to link to every peer at start-up
+LINK_WAIT = 10.0  # seconds a starting worker waits for every peer before it serves anyway
 REDIAL_FIRST = 0.01
 REDIAL_MAX = 1.0
 
 
 class MeshError(Exception):
-    """The workers could not link; the message says which are missing."""
+    """The worker cannot listen for links; the message says why."""
+
+
+_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def parent_of(pid: int) -> int | None:
+    """``pid``'s parent process id (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last
+    return int(text[text.rindex(b")") + 2:].split()[1])
+
+
+def refuse_peer(sock: socket.socket) -> str | None:
+    """Why the process at the other end of ``sock`` may not join this worker's mesh (None:
+    it may): it must run as our user and be our supervisor's child, or be this process."""
+    pid, uid, _ = _CREDENTIALS.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
+    if uid != os.getuid():
+        return f"pid={pid} uid={uid} runs as another user"
+    if pid != os.getpid() and parent_of(pid) != os.getppid():
+        return f"pid={pid} uid={uid} is not a worker of this node"
+    return None
 
 
 class Redial:
@@ -85,8 +126,6 @@ class MeshSockets:
             self.loop.call_soon(self.flush)
 
     def schedule(self, when: float) -> None:
-        if when >= self._timer_when and self._timer is not None:
-            return
         if self._timer is not None:
             self._timer.cancel()
         self._timer_when = when
@@ -100,7 +139,8 @@ class MeshSockets:
     # ------------------------------------------------------------------ start and stop
 
     async def start(self, mesh: Mesh) -> None:
-        """Listen, dial the higher indexes, and wait until every peer is linked."""
+        """Listen, dial the higher indexes, and wait until every peer is linked or
+        ``LINK_WAIT`` has passed (the others are linked when they come)."""
         self.mesh = mesh
         mesh.on_link_up.append(lambda peer, hello: self._on_linked(peer))
         mesh.on_link_down.append(self._on_unlinked)
@@ -119,12 +159,13 @@ class MeshSockets:
         if mesh.all_linked():
             self._linked.set()
         try:
-            await asyncio.wait_for(self._linked.wait(), LINK_TIMEOUT)
+            await asyncio.wait_for(self._linked.wait(), LINK_WAIT)
         except TimeoutError:
             missing = sorted(set(range(self.worker.count)) - set(mesh.peers)
                              - {self.worker.index})
-            raise MeshError(f"worker {self.worker.index} could not link to workers {missing} "
-                            f"within {LINK_TIMEOUT:.0f} s") from None
+            log.warning("worker %d serves without workers %s, not linked within %.0f s: "
+                        "their partitions are offline until they link", self.worker.index,
+                        missing, LINK_WAIT)
 
     def close(self) -> None:
         self.closing = True
@@ -160,10 +201,17 @@ class MeshSockets:
     def _opened(self, link: _Link, transport: asyncio.Transport) -> None:
         ident = link.ident = self._next_ident
         self._next_ident += 1
-        self._transports[ident] = transport
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         if link.peer is not None:
             self._dialed[ident] = link.peer
+        why = refuse_peer(transport.get_extra_info("socket"))
+        if why is not None:
+            log.error("link refused: the process at the other end %s (worker=%d)", why,
+                      self.worker.index)
+            link.refused = True
+            transport.close()  # connection_lost: a dialed peer is dialed again later
+            return
+        self._transports[ident] = transport
+        transport.set_write_buffer_limits(high=SOCKET_HIGH_WATER, low=SOCKET_LOW_WATER)
         assert self.mesh is not None
         self.mesh.link_opened(ident, link.peer)
 
@@ -199,10 +247,11 @@ class MeshSockets:
                 transport.write(data)
 
     def _fire(self) -> None:
+        when = self._timer_when
         self._timer = None
         self._timer_when = float("inf")
-        if self.mesh is not None:
-            self.mesh.expire(self.loop.time())
+        if self.mesh is not None:  # (a loop may run a timer up to its clock's resolution early)
+            self.mesh.expire(max(self.loop.time(), when))
 
 
 class _Link(asyncio.Protocol):
@@ -212,23 +261,24 @@ class _Link(asyncio.Protocol):
         self.sockets = sockets
         self.peer = peer
         self.ident = 0
+        self.refused = False  # the peer's credentials were refused: nothing is read
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.sockets._opened(self, stream_transport(transport))
 
     def data_received(self, data: bytes) -> None:
         mesh = self.sockets.mesh
-        if mesh is not None:
+        if mesh is not None and not self.refused:
             mesh.data_received(self.ident, data)
 
     def pause_writing(self) -> None:
-        """More than WRITE_HIGH_WATER waits for the peer: the mesh's link is congested."""
+        """More than SOCKET_HIGH_WATER waits in the socket: the mesh holds its data."""
         if self.sockets.mesh is not None:
-            self.sockets.mesh.link_written(self.ident, WRITE_HIGH_WATER)
+            self.sockets.mesh.link_paused(self.ident, True)
 
     def resume_writing(self) -> None:
         if self.sockets.mesh is not None:
-            self.sockets.mesh.link_written(self.ident, WRITE_LOW_WATER)
+            self.sockets.mesh.link_paused(self.ident, False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.sockets._closed(self.ident)

@@ -57,7 +57,11 @@ def join_router(mesh: Mesh, router: Router, decode: Callable[[bytes, float], Mes
         message = decode(frame.message, now)
         if message.position is not None:
             on_position(message.position)
-        router.deliver_forwarded(message, frame.groups, now)
+        mesh.forwarding = (peer, frame.relayed)
+        try:
+            router.deliver_forwarded(message, frame.groups, now)
+        finally:
+            mesh.forwarding = (None, False)
 
     mesh.on_forward = forwarded
 

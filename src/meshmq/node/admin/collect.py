@@ -160,5 +160,5 @@ def _mesh(out: Sampler, cluster: WorkerCluster | None) -> None:
     out.put("meshmq_mesh_forwarded_total", counters["forwarded"], index)
     out.put("meshmq_mesh_congested_total", counters["congested"], index)
     for peer, link in mesh.peers.items():
-        out.put("meshmq_mesh_link_queued_bytes", link.queued, index, peer)
+        out.put("meshmq_mesh_link_queued_bytes", link.data_bytes, index, peer)
     out.put("meshmq_mesh_links", len(mesh.peers), index)

@@ -1,0 +1,315 @@
+"""Faults of the mesh that a cluster would multiply, each in the simulated network
+(tests/cluster/simnet.py: real meshes, routers, directories and partitioned logs; one timer
+per mesh, as the real I/O layer has; time moved by the test).
+
+Each test states the fault it guards against; each failed on the mesh before its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from simnet import Net, Node
+
+from meshmq.broker.interfaces import AppendOutcome, Refused, StoredElsewhere, Unknown
+from meshmq.broker.session import Session, Subscription
+from meshmq.cluster.codec import Barrier, FrameType, Stats
+from meshmq.cluster.directory import CLAIM_TIMEOUT
+from meshmq.cluster.mesh import ANSWER_TIMEOUT
+from meshmq.cluster.moving import SETTLE_TIMEOUT, MovedSession
+from meshmq.config import SessionConfig
+from meshmq.mqtt.packets import SubscriptionOptions
+
+
+def owned_by(node: Node, owner: int) -> str:
+    """A client id whose directory owner is worker ``owner``."""
+    return next(c for c in (f"c{i}" for i in range(100))
+                if node.leadership.owner_of_client(c) == owner)
+
+
+def led_by(node: Node, leader: int) -> str:
+    """A topic whose partition worker ``leader`` leads."""
+    return next(t for t in (f"t/{i}" for i in range(100))
+                if node.leadership.leader_of(node.leadership.partition_for(t)) == leader)
+
+
+def hold_session(node: Node, client_id: str, topic_filter: str = "t/#") -> Session:
+    """An offline session held by ``node``, registered with its owner."""
+    session = node.sessions[client_id] = Session(client_id, SessionConfig())
+    node.router.subscribe(session, topic_filter, Subscription(SubscriptionOptions(qos=1)))
+    assert node.directory is not None
+    node.directory.created(session)
+    return session
+
+
+def restored(net: Net, *indexes: int) -> None:
+    for index in indexes:
+        directory = net.nodes[index].directory
+        assert directory is not None
+        directory.restored()
+    net.pump()
+
+
+# ---------------------------------------------------------------------- one deadline structure
+
+
+def test_a_stand_in_expires_though_an_earlier_deadline_fired_before_it() -> None:
+    """Lost timers: the mesh kept only its earliest deadline; a stand-in's 10 s deadline was
+    forgotten once an earlier request's fired, and the stand-in (with the session) stayed."""
+    net = Net(3, directory=True)
+    restored(net, 0, 1, 2)
+    client_id = owned_by(net.nodes[0], 0)
+    hold_session(net.nodes[1], client_id)
+    net.pump()
+    adopted: list[list[Session]] = []
+    claimant = net.nodes[2].directory
+    assert claimant is not None and claimant.claim(client_id, False, adopted.append)
+    net.pump()
+    assert adopted and [s.client_id for s in adopted[0]] == [client_id]
+    holder = net.nodes[1]
+    assert isinstance(holder.sessions[client_id], MovedSession)  # waits for SETTLED
+    net.stop(2)  # never settles
+    answers: list[object] = []
+    assert holder.mesh.request(2, lambda request_id: Barrier(request_id).encode(),
+                               answers.append, timeout=1.0)
+    net.advance(1.5)
+    assert answers == [None]  # the earlier deadline fired
+    net.advance(SETTLE_TIMEOUT)
+    assert not isinstance(holder.sessions.get(client_id), MovedSession)
+
+
+def test_a_claim_waits_for_registrations_at_most_its_deadline() -> None:
+    """Lost timers: an owner serves claims once every peer registered its sessions, or after
+    ANSWER_TIMEOUT; that deadline was scheduled once and lost to an earlier one, so a CONNECT
+    waited for ever on a peer that never registered."""
+    net = Net(3, directory=True)
+    restored(net, 0, 1)  # worker 2 is linked but still restoring: no registration yet
+    owner = net.nodes[0]
+    client_id = owned_by(owner, 0)
+    net.stop(2)
+    adopted: list[list[Session]] = []
+    claimant = net.nodes[1].directory
+    assert claimant is not None and claimant.claim(client_id, False, adopted.append)
+    net.pump()
+    assert not adopted  # the owner waits for worker 2's registration
+    answers: list[object] = []
+    assert owner.mesh.request(2, lambda request_id: Barrier(request_id).encode(),
+                              answers.append, timeout=0.5)
+    net.advance(1.0)
+    assert answers == [None] and not adopted
+    net.advance(ANSWER_TIMEOUT)
+    assert adopted == [[]]  # served without worker 2, within its deadline: by the owner,
+    assert owner.directory is not None  # not by the claimant giving up
+    assert owner.directory.holders.get(client_id) == 1
+
+
+# ---------------------------------------------------------------------- answers first
+
+
+@pytest.mark.parametrize("ask", ["barrier", "sync"])
+def test_no_high_watermark_reaches_a_peer_before_the_answer_to_its_append(
+        tmp_path: Path, ask: str) -> None:
+    """An answer overtaken: BARRIER_DONE and SYNCED went onto the link at once, with the
+    leader's high watermarks, while the APPENDED answer waited for the end of the turn; the
+    requester's view passed its own publish before it learned it was its own (its catch-up
+    would deliver it, then the publish path again)."""
+    net = Net(2, log_dir=tmp_path)
+    leader, requester = net.nodes
+    topic = led_by(leader, 0)
+    partition = leader.leadership.partition_for(topic)
+    views: list[int] = []
+    outcomes: list[AppendOutcome] = []
+    requester.append(topic, b"mine", outcomes)
+    net.pump()
+    assert leader.log.local.waiting  # the APPEND is at its leader, not durable yet
+    leader.durable()  # durable: routed, its answer batched for the end of the turn
+    if ask == "barrier":
+        requester.mesh.barrier(lambda: views.append(requester.log.high_watermark[partition]))
+    else:
+        requester.log.sync(lambda: views.append(requester.log.high_watermark[partition]))
+    for data in requester.mesh.data_to_send().values():  # the request arrives in that turn
+        leader.mesh.data_received(net.links[(0, 1)], data)
+    seen: list[int] = []
+    original = requester.log._on_appended
+
+    def on_appended(peer: int, frame: object) -> None:
+        seen.append(requester.log.high_watermark[partition])
+        original(peer, frame)
+
+    requester.mesh.handle(FrameType.APPENDED, on_appended)
+    net.pump()
+    assert outcomes == [StoredElsewhere(partition, 0, 0, None)]  # (no subscriber here)
+    assert seen == [0]  # the answer came while the view was still before the offset
+    assert views == [1]
+
+
+# ---------------------------------------------------------------------- unknown outcomes
+
+
+def test_an_append_whose_link_drops_has_an_unknown_outcome_not_a_refusal(
+        tmp_path: Path) -> None:
+    """Unknown outcomes: a dropped link failed the pending appends as refusals (a PUBACK with
+    0x80) though the leader may have stored and delivered them."""
+    net = Net(2, log_dir=tmp_path)
+    leader, requester = net.nodes
+    topic = led_by(leader, 0)
+    outcomes: list[AppendOutcome] = []
+    requester.append(topic, b"sent", outcomes)
+    net.pump()  # the APPEND is at the leader
+    unsent: list[AppendOutcome] = []
+    requester.append(topic, b"unsent", unsent)  # still in this turn's outbox
+    net.cut(0, 1)
+    assert len(outcomes) == 1 and isinstance(outcomes[0], Unknown)
+    assert isinstance(unsent[0], Refused)  # never left this worker: certainly not stored
+
+
+def test_a_resend_after_an_unknown_outcome_is_recognised_not_stored_twice(
+        tmp_path: Path) -> None:
+    """Unknown outcomes: the resend must be harmless. The leader stored the first attempt;
+    the resend carries its message id and gets the first attempt's place."""
+    net = Net(2, log_dir=tmp_path)
+    leader, requester = net.nodes
+    topic = led_by(leader, 0)
+    partition = leader.leadership.partition_for(topic)
+    requester.subscribe("sub", topic)
+    net.pump()
+    outcomes: list[AppendOutcome] = []
+    requester.append(topic, b"once", outcomes)
+    net.pump()
+    leader.durable()  # stored and routed; the answer is lost with the link
+    net.cut(0, 1)
+    first = outcomes[0]
+    assert isinstance(first, Unknown) and first.message_id is not None
+    net.link(0, 1)
+    again: list[AppendOutcome] = []
+    requester.append(topic, b"once", again, first.message_id)  # the client's resend (DUP)
+    net.pump()
+    assert leader.durable() == 0  # nothing new to store
+    assert again == [StoredElsewhere(partition, 0, 0, [])]
+    assert len(leader.log.local.partitions[partition]) == 1
+    assert requester.deliveries == {"sub": [b"once"]}  # delivered here once, on the resend
+
+
+def test_a_late_answer_never_completes_a_request_of_a_later_link(tmp_path: Path) -> None:
+    """Request ids not tied to a link: ids restart at 1 in every process, and a leader sent
+    an answer computed for a requester's previous process on the link to its new one, where
+    request 1 is another publish (acknowledged with another message's position)."""
+    net = Net(2, log_dir=tmp_path)
+    leader = net.nodes[0]
+    topic = led_by(leader, 0)
+    partition = leader.leadership.partition_for(topic)
+    net.nodes[1].append(topic, b"before the restart", [])
+    net.pump()
+    net.cut(0, 1)  # the requester is killed
+    net.nodes[1] = Node(1, 2, net.clock, log_dir=tmp_path / "restarted")
+    net.link(0, 1)
+    outcomes: list[AppendOutcome] = []
+    net.nodes[1].append(topic, b"after the restart", outcomes)  # request id 1 again
+    leader.durable()  # the first publish becomes durable only now
+    net.pump()
+    assert outcomes == []  # not the first publish's answer
+    leader.durable()
+    net.pump()
+    assert outcomes == [StoredElsewhere(partition, 1, 0, None)]
+
+
+# ---------------------------------------------------------------------- a stranger, a bug
+
+
+def test_a_link_that_never_says_hello_is_closed_after_the_handshake_timeout() -> None:
+    """A peer that never sent HELLO was never timed out (a stopped peer accepts and never
+    answers; a stranger holds the link open)."""
+    net = Net(2)
+    mesh = net.nodes[0].mesh
+    mesh.link_opened(99, None)  # a connection from someone who says nothing
+    net.advance(4.0)
+    assert 99 not in net.nodes[0].wire.closed
+    net.advance(2.0)
+    assert 99 in net.nodes[0].wire.closed
+
+
+def test_a_huge_frame_before_hello_closes_the_link_at_once() -> None:
+    """Before HELLO a peer could announce a 512 MiB frame and have it buffered."""
+    net = Net(2)
+    mesh = net.nodes[0].mesh
+    mesh.link_opened(99, None)
+    mesh.data_received(99, (300 * 1024 * 1024).to_bytes(4, "big") + bytes([FrameType.HELLO]))
+    assert 99 in net.nodes[0].wire.closed
+
+
+def test_a_handler_failure_closes_the_link_and_both_sides_start_afresh() -> None:
+    """A handler exception kept a broken link: only LinkError was caught, so the frames after
+    the failing one in that read were lost and the link stayed up."""
+    net = Net(2)
+    a, b = net.nodes
+    b.subscribe("s", "x")
+    net.pump()
+
+    def broken(peer: int, frame: object) -> None:
+        raise RuntimeError("a bug")
+
+    b.mesh.handle(FrameType.STATS, broken)
+    a.mesh.send(1, Stats({"n": 1}).encode())
+    a.publish("x", b"after the failure")  # in the same read as the STATS frame
+    net.pump()
+    assert net.links[(1, 0)] in b.wire.closed and 0 not in b.mesh.peers
+    net.cut(0, 1)  # the I/O layer closes the socket: the other side sees it too
+    net.link(0, 1)
+    a.publish("x", b"on the new link")
+    net.pump()
+    assert b.deliveries == {"s": [b"on the new link"]}
+
+
+# ---------------------------------------------------------------------- sessions
+
+
+def test_a_session_handed_over_without_confirmation_is_taken_back() -> None:
+    """A hand-over that could lose the session: the holder exported the session and left a
+    stand-in; when the claimant's CLAIMED came too late (dropped) no SETTLED ever came and
+    the stand-in was dropped with the session's subscriptions and queued messages."""
+    net = Net(3, directory=True)
+    restored(net, 0, 1, 2)
+    owner, holder = net.nodes[0], net.nodes[1]
+    client_id = owned_by(owner, 0)
+    hold_session(holder, client_id, "keep/#")
+    net.pump()
+    net.stop(0)  # the owner stalls: the claim times out, the CLAIMED comes late
+    adopted: list[list[Session]] = []
+    claimant = net.nodes[2].directory
+    assert claimant is not None and claimant.claim(client_id, False, adopted.append)
+    net.pump()
+    net.advance(CLAIM_TIMEOUT + 0.1)
+    assert adopted == [[]]  # the claimant went on with a new session
+    net.resume(0)  # the owner serves the claim now; the holder hands the session over
+    assert isinstance(holder.sessions[client_id], MovedSession)
+    net.advance(SETTLE_TIMEOUT + 0.1)
+    back = holder.sessions[client_id]
+    assert not isinstance(back, MovedSession) and "keep/#" in back.subscriptions
+    assert owner.directory is not None
+    assert holder.index in {owner.directory.holders.get(client_id),
+                            *owner.directory.extra.get(client_id, ())}
+
+
+def test_two_connects_of_one_client_id_on_one_worker_each_count_as_claiming() -> None:
+    """The per-client-id ``_claiming`` flag: with two CONNECTs of one id in flight on one
+    worker, the first answer cleared it, and a RELEASE for that id no longer superseded the
+    second connection, still waiting for its CONNACK."""
+    net = Net(2, directory=True)
+    restored(net, 0, 1)
+    worker = net.nodes[1]
+    client_id = owned_by(worker, 1)  # its own directory owner: answers come a turn later
+    hold_session(worker, client_id)
+    directory = worker.directory
+    assert directory is not None
+    first: list[list[Session]] = []
+    second: list[list[Session]] = []
+    assert directory.claim(client_id, False, first.append)
+    assert directory.claim(client_id, False, second.append)
+    worker.deferred.pop(0)()  # the first CONNECT's answer; the second is still to come
+    assert first == [[]] and not second
+    other = net.nodes[0].directory
+    assert other is not None and other.claim(client_id, False, lambda adopted: None)
+    for data in net.nodes[0].mesh.data_to_send().values():  # its CLAIM reaches the owner
+        worker.mesh.data_received(net.links[(1, 0)], data)
+    assert worker.host.superseded == [client_id]  # the second CONNECT must not go on
