@@ -171,3 +171,14 @@ def test_empty_report_still_draws_and_renders() -> None:
     unread = render_html(ReportData(), "report.png", "telemetry only")
     assert "Messages read from the log" not in unread
     assert "<tr><th>Alerts fired</th><td>unknown (no log read)</td></tr>" in unread
+
+
+def test_the_quarantine_section_names_the_real_directory() -> None:
+    """Where the bad payloads are, as a path one can open (was the docs' placeholder
+    TELEMETRY/quarantine, which names no directory of the run)."""
+    data = sample()
+    data.quarantine_path = "/srv/run <1>/telemetry/quarantine"
+    page = render_html(data, "report.png", "fleet")
+    assert "TELEMETRY" not in page
+    assert ("kept as received in <code>/srv/run &lt;1&gt;/telemetry/quarantine</code>."
+            in page)

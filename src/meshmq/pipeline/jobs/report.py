@@ -192,7 +192,8 @@ def collect_telemetry(spark: SparkSession, telemetry: str, data: ReportData,
     for row in series.collect():
         middle = _utc((row["start"] + row["end"]) // 2)
         data.series[row["field"]].setdefault(row["device"], []).append((middle, row["mean"]))
-    data.quarantine = _quarantine(spark, f"{base}/quarantine")
+    data.quarantine_path = f"{base}/quarantine"
+    data.quarantine = _quarantine(spark, data.quarantine_path)
 
 
 def _quarantine(spark: SparkSession, path: str) -> dict[str, int]:

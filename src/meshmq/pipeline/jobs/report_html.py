@@ -232,8 +232,9 @@ def quarantine_section(data: ReportData) -> str:
         return ""
     rows = [[esc(reason), str(count), esc(REASONS.get(reason, ""))]
             for reason, count in sorted(data.quarantine.items())]
+    where = f" in <code>{esc(data.quarantine_path)}</code>" if data.quarantine_path else ""
     return ("<h2>Quarantine</h2><p class=note>Messages the telemetry job could not use, kept "
-            "as received in <code>TELEMETRY/quarantine</code>.</p>"
+            f"as received{where}.</p>"
             + _table(["reason", "messages", "meaning"], rows, {1}))
 
 

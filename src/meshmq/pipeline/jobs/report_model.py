@@ -98,6 +98,7 @@ class ReportData:
     stats: list[DeviceStats] = field(default_factory=list)
     series: dict[str, dict[str, Points]] = field(default_factory=dict)  # field -> device ->
     quarantine: dict[str, int] = field(default_factory=dict)
+    quarantine_path: str = ""  # the telemetry job's quarantine table, as the report read it
     units: dict[str, str] = field(default_factory=dict)
     alerts_prefix: str = "alerts"
 
