@@ -392,3 +392,81 @@ def test_log_lines_name_the_worker(capsys: pytest.CaptureFixture[str]) -> None:
     assert text.endswith(" INFO meshmq.server listening port=1883 worker=1")
     assert json.loads(tagged)["worker"] == 1
     assert "worker" not in json.loads(plain)
+
+
+# ---------------------------------------------------------------------- the mesh's doors
+
+_KNOCK = r"""
+import os, socket, struct, sys
+token, index, uid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if uid:
+    os.setgid(uid)
+    os.setuid(uid)
+text = token.encode()
+body = struct.pack(">HHH", 1 - index if index < 2 else 0, 2, len(text)) + text + b"\0\0\0\0"
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.settimeout(10)
+sock.connect(f"\0meshmq-{token}-{index}")
+sock.sendall(struct.pack(">IB", len(body) + 1, 1) + body)  # a valid HELLO, with the token
+got = b""
+try:
+    while chunk := sock.recv(65536):
+        got += chunk
+except (TimeoutError, ConnectionError):
+    pass
+print(len(got))
+"""
+
+
+def mesh_token(pid: int) -> str:
+    """The node's mesh token, read as any local user can: the abstract socket names a worker
+    listens on (/proc/net/unix, the sockets of ``pid``)."""
+    inodes = {os.readlink(fd).removeprefix("socket:[").rstrip("]")
+              for fd in Path(f"/proc/{pid}/fd").iterdir()
+              if os.readlink(fd).startswith("socket:[")}
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith("@meshmq-"):
+            return fields[7].removeprefix("@meshmq-").rsplit("-", 1)[0]
+    raise AssertionError("no mesh socket found")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to knock as another user")
+def test_a_process_that_is_not_a_worker_of_the_node_cannot_join_its_mesh(
+        two_workers: BrokerProcess) -> None:
+    """The mesh's socket names are readable by every local user, and its HELLO checked only
+    the token in that name: any local process could join and receive every publish. The
+    kernel's peer credentials now decide (the node's user, a child of its supervisor)."""
+    broker = two_workers
+    pids = started_pids(broker)
+    token = mesh_token(pids[0])
+    for uid in (0, 65534):  # this test process (the node's user, not a worker), and nobody
+        knock = subprocess.run([sys.executable, "-c", _KNOCK, token, "0", str(uid)],
+                               capture_output=True, text=True, timeout=30)
+        assert knock.returncode == 0, knock.stderr
+        assert knock.stdout.strip() == "0"  # closed at once: not even our HELLO came back
+    wait_for(lambda: broker.log().count("link refused") >= 2, what="the refusals logged")
+    assert "uid=65534 runs as another user" in broker.log()
+    assert "is not a worker of this node" in broker.log()
+    connect_many(broker.port, 4, "still")  # the workers go on linked
+    assert broker.stop(signal.SIGTERM) == 0
+
+
+def test_a_restarting_worker_serves_while_a_peer_is_stopped(tmp_path: Path) -> None:
+    """A restarting worker had to link every peer within 60 s; a SIGSTOPped peer accepts and
+    never answers, so the restart failed in a loop. It now serves with the peers it reaches
+    (a stopped peer's link times out its handshake) and links the other when it runs again."""
+    broker = start_broker(tmp_path, workers=3)
+    pids = started_pids(broker)
+    os.kill(pids[2], signal.SIGSTOP)
+    try:
+        os.kill(pids[1], signal.SIGKILL)
+        wait_for(lambda: "worker restarted index=1" in broker.log(), timeout=40,
+                 what="worker 1 serving again while worker 2 is stopped")
+        assert re.search(r"worker 1 serves without workers \[2\]", broker.log())
+    finally:
+        os.kill(pids[2], signal.SIGCONT)
+    wait_for(lambda: re.search(r"linked peer=2 worker=1\b", broker.log().split(
+        "worker restarted index=1", 1)[1]), timeout=30, what="worker 1 linking worker 2")
+    connect_many(broker.port, 30, "after")
+    assert broker.stop(signal.SIGTERM) == 0

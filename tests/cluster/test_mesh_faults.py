@@ -7,17 +7,22 @@ Each test states the fault it guards against; each failed on the mesh before its
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from simnet import Net, Node
 
 from meshmq.broker.interfaces import AppendOutcome, Refused, StoredElsewhere, Unknown
+from meshmq.broker.local import LocalRetained
+from meshmq.broker.message import Message
+from meshmq.broker.retained import RetainedStore
 from meshmq.broker.session import Session, Subscription
 from meshmq.cluster.codec import Barrier, FrameType, Stats
 from meshmq.cluster.directory import CLAIM_TIMEOUT
 from meshmq.cluster.mesh import ANSWER_TIMEOUT
 from meshmq.cluster.moving import SETTLE_TIMEOUT, MovedSession
+from meshmq.cluster.retained import OwnedRetained
 from meshmq.config import SessionConfig
 from meshmq.mqtt.packets import SubscriptionOptions
 
@@ -313,3 +318,123 @@ def test_two_connects_of_one_client_id_on_one_worker_each_count_as_claiming() ->
     for data in net.nodes[0].mesh.data_to_send().values():  # its CLAIM reaches the owner
         worker.mesh.data_received(net.links[(1, 0)], data)
     assert worker.host.superseded == [client_id]  # the second CONNECT must not go on
+
+
+# ---------------------------------------------------------------------- retained messages
+
+
+class Journal:
+    """A keeper that journals at once (the state store's fsync is not the point here)."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+
+    def retained(self, topic: str, message: object, done: Callable[[], None] | None = None
+                 ) -> None:
+        self.written.append(topic)
+        if done is not None:
+            done()
+
+
+def retained_pair(net: Net) -> list[OwnedRetained]:
+    return [OwnedRetained(LocalRetained(RetainedStore(), Journal(),  # type: ignore[arg-type]
+                                        lambda: net.clock.time),
+                          node.leadership, node.mesh, node.host.encode_message,
+                          node.host.decode_message) for node in net.nodes]
+
+
+def test_a_retained_publish_is_acknowledged_only_once_its_owner_stored_it() -> None:
+    """A retained PUBACK without storage: when the topic's owner was down or silent, the
+    retained message was acknowledged anyway."""
+    net = Net(2)
+    stores = retained_pair(net)
+    topic = led_by(net.nodes[0], 0)  # owned by worker 0; published on worker 1
+    outcomes: list[object] = []
+    stores[1].keep(Message(topic, b"kept", 1, True), outcomes.append)
+    net.pump()
+    assert outcomes == [None]  # stored by its owner: acknowledge
+    net.stop(0)  # the owner is silent
+    stores[1].keep(Message(topic, b"silent", 1, True), outcomes.append)
+    net.pump()
+    net.advance(ANSWER_TIMEOUT + 0.1)
+    assert isinstance(outcomes[1], Unknown)  # perhaps stored: neither ack nor refusal
+    net.resume(0)
+    net.cut(0, 1)  # the owner is down
+    stores[1].keep(Message(topic, b"down", 1, True), outcomes.append)
+    assert isinstance(outcomes[2], Refused)  # certainly not stored: refused
+
+
+# ---------------------------------------------------------------------- shared groups
+
+
+def test_a_shared_message_for_a_group_that_emptied_goes_to_a_member_elsewhere() -> None:
+    """A shared-group message dropped: a FORWARD for a group whose last member here left
+    before it arrived was dropped (a QoS 1/2 loss) instead of going to a member elsewhere."""
+    net = Net(3)
+    publisher, first, second = net.nodes
+    first.subscribe("m1", "$share/g/jobs/#")
+    second.subscribe("m2", "$share/g/jobs/#")
+    net.pump()
+    for n in range(2):  # round robin over the two workers with members: 1, then 2
+        publisher.publish("jobs/run", f"warm {n}".encode())
+        net.pump()
+    assert first.deliveries == {"m1": [b"warm 0"]} and second.deliveries == {"m2": [b"warm 1"]}
+    publisher.publish("jobs/run", b"in flight")  # forwarded to worker 1 (its turn)...
+    first.unsubscribe("m1", "$share/g/jobs/#")  # ... whose member leaves before it arrives
+    net.pump()
+    assert first.deliveries == {"m1": [b"warm 0"]}
+    assert second.deliveries == {"m2": [b"warm 1", b"in flight"]}
+
+
+def test_a_relayed_shared_message_is_not_relayed_again() -> None:
+    """Routes that disagree must not bounce a shared message between workers for ever."""
+    net = Net(3)
+    net.nodes[1].subscribe("m1", "$share/g/jobs/#")
+    net.pump()
+    net.nodes[1].unsubscribe("m1", "$share/g/jobs/#")  # gone, the others not yet told
+    net.nodes[0].publish("jobs/run", b"nobody")
+    net.pump()
+    assert sum(node.mesh.counters["shared_dropped"] for node in net.nodes) <= 1
+    assert all(not node.deliveries for node in net.nodes)
+
+
+# ---------------------------------------------------------------------- backpressure
+
+
+def test_control_frames_are_not_stuck_behind_forwards() -> None:
+    """Backpressure: control frames (answers, claims, barriers) waited behind up to 16 MiB
+    of FORWARDs. Data waits in the mesh while the socket is behind; control goes at once."""
+    net = Net(2)
+    sender, receiver = net.nodes
+    receiver.subscribe("s", "bulk")
+    net.pump()
+    sender.mesh.link_paused(net.links[(0, 1)], True)  # the socket's buffer is full
+    for _ in range(100):
+        sender.publish("bulk", bytes(64 * 1024))  # 6.4 MB of FORWARDs wait in the mesh
+    answers: list[object] = []
+    sender.mesh.request(1, lambda request_id: Barrier(request_id).encode(), answers.append)
+    out = sender.mesh.data_to_send()[net.links[(0, 1)]]
+    assert len(out) < 1024  # the BARRIER alone, not behind the data
+    receiver.mesh.data_received(net.links[(1, 0)], out)
+    net.pump()
+    assert answers and answers[0] is not None and "s" not in receiver.deliveries
+    sender.mesh.link_paused(net.links[(0, 1)], False)
+    net.pump()
+    assert len(receiver.deliveries["s"]) == 100  # all of it, in order, after
+
+
+def test_appends_to_a_leader_that_does_not_keep_up_pause_the_publisher(
+        tmp_path: Path) -> None:
+    """Backpressure: APPENDs to a slow or stopped leader queued without bound; they travel
+    in the data lane and a congested link pauses the publisher, as forwarding does."""
+    net = Net(2, log_dir=tmp_path)
+    leader, requester = net.nodes
+    paused: list[int] = []
+    requester.mesh.on_congested = paused.append
+    requester.mesh.link_paused(net.links[(1, 0)], True)  # the leader reads nothing
+    topic = led_by(leader, 0)
+    payload = bytes(64 * 1024)
+    for _ in range(300):  # 19 MB of appends
+        requester.append(topic, payload, [])
+        requester.mesh.data_to_send()  # each turn's APPEND frame joins the data lane
+    assert requester.mesh.congested(0) and paused and set(paused) == {0}
