@@ -1,11 +1,15 @@
-"""Make docs/dashboard.png: the dashboard of a 2-worker node under live traffic, in headless
-Chromium (the packages and Python extras of ``make test``).
+"""A screenshot of the dashboard of a 2-worker node under live traffic, in headless Chromium
+(the packages and Python extras of ``make test``): the image in docs/operations.md.
 
 The load: 12 publishers on ``live/<n>`` whose combined rate rises and falls over two minutes,
 one subscriber of ``live/#`` and one of ``live/0``, so that messages out exceed messages in;
 clients connect in steps, so the connections chart moves too. Usage::
 
-    .venv/bin/python bench/dashboard_screenshot.py [--seconds 100] [--out docs/dashboard.png]
+    .venv/bin/python bench/dashboard_screenshot.py [--seconds 100] [--out PATH]
+
+The image goes to ``meshmq-dashboard.png`` in the temporary directory unless ``--out`` names
+another path, so that a trial run never overwrites the tracked ``docs/dashboard.png``. To
+refresh that one on purpose, give ``--out docs/dashboard.png`` and commit the new image.
 """
 
 from __future__ import annotations
@@ -63,11 +67,21 @@ def publish_wave(port: int, seconds: float, stop: threading.Event) -> None:
         publisher.disconnect()
 
 
-def main() -> int:
+DEFAULT_OUT = Path(tempfile.gettempdir()) / "meshmq-dashboard.png"  # outside the checkout
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=100.0)
-    parser.add_argument("--out", type=Path, default=Path("docs/dashboard.png"))
-    args = parser.parse_args()
+    parser.add_argument("--seconds", type=float, default=100.0,
+                        help="seconds of traffic before the screenshot (default 100)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"where the PNG goes (default {DEFAULT_OUT}); docs/dashboard.png"
+                        " refreshes the image of docs/operations.md")
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
     if chromium is None or driver_path is None:
