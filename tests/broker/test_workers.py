@@ -20,6 +20,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 
 from conftest import WAIT, BrokerProcess, Client, props, wait_for
+from meshmq.cluster.partitions import APPEND_TIMEOUT
 
 LOG_OFF = "[log]\nenabled = false\n"
 LOG_ON = '[log]\nenabled = true\nfsync = "always"\n'
@@ -545,3 +546,38 @@ def test_a_stopped_worker_does_not_hold_back_connects_and_subscribes_elsewhere(
     text = workers.log()
     assert "claim of client_id=while-stopped unanswered" in text
     assert "route barrier unanswered" in text
+
+
+def test_a_qos2_publish_whose_outcome_is_unknown_is_delivered_exactly_once(
+        broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    """An outcome that is not known is not a failure. The partition's leader is stopped, so
+    the append of a QoS 2 publish made on the other worker gets no answer in time: that used
+    to be a PUBREC 0x80, though the leader stored and delivered the message once it ran
+    again. Now the publisher's connection is closed (DISCONNECT 0x80) and it resends with
+    DUP; the resend carries the first attempt's message id, which the leader recognises:
+    subscribers on both workers get the message exactly once."""
+    from test_partition_leaders import topic_led_by
+
+    broker = broker_factory(LOG_ON, workers=2)
+    pids = worker_pids(broker)
+    topic = topic_led_by(0, 2, "unknown")
+    subscribers = [connect_on(client_factory, broker, w) for w in (0, 1)]
+    for subscriber in subscribers:
+        subscriber.subscribe("unknown/#", qos=2)
+    publisher = connect_on(client_factory, broker, 1, client_id="uncertain", clean_start=False,
+                           expiry=300, reconnect_on_failure=True)
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        info = publisher.publish(topic, "exactly once", qos=2, wait=False)
+        reason = publisher.disconnects.get(timeout=APPEND_TIMEOUT + WAIT)
+        assert reason.value == 0x80  # the outcome is unknown: closed, not refused
+        assert publisher.acked.empty()  # no PUBREC 0x80, nor any other answer
+    finally:
+        os.kill(pids[0], signal.SIGCONT)
+    mid, code = publisher.acked.get(timeout=2 * WAIT)  # resent on its next connection
+    assert mid == info.mid and not code.is_failure
+    publisher.publish(topic, "barrier", qos=2)
+    for subscriber in subscribers:
+        assert [subscriber.expect().payload for _ in range(2)] == [b"exactly once", b"barrier"]
+        subscriber.expect_none(0.2)

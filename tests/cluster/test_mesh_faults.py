@@ -22,6 +22,7 @@ from meshmq.cluster.codec import Barrier, FrameType, Stats
 from meshmq.cluster.directory import CLAIM_TIMEOUT
 from meshmq.cluster.mesh import ANSWER_TIMEOUT
 from meshmq.cluster.moving import SETTLE_TIMEOUT, MovedSession
+from meshmq.cluster.partitions import APPEND_TIMEOUT
 from meshmq.cluster.retained import OwnedRetained
 from meshmq.config import SessionConfig
 from meshmq.mqtt.packets import SubscriptionOptions
@@ -194,6 +195,37 @@ def test_a_resend_after_an_unknown_outcome_is_recognised_not_stored_twice(
     assert again == [StoredElsewhere(partition, 0, 0, [])]
     assert len(leader.log.local.partitions[partition]) == 1
     assert requester.deliveries == {"sub": [b"once"]}  # delivered here once, on the resend
+
+
+def test_a_slow_leaders_late_answer_delivers_here_once_and_the_resend_adds_nothing(
+        tmp_path: Path) -> None:
+    """Unknown outcomes with a leader that was only slow (stopped, then resumed): it stored
+    and routed the publish everywhere but on the requester, which gave up on the answer. The
+    late answer still brings it to the requester's subscribers, once; the client's resend is
+    recognised and delivers nothing more."""
+    net = Net(2, log_dir=tmp_path)
+    leader, requester = net.nodes
+    topic = led_by(leader, 0)
+    partition = leader.leadership.partition_for(topic)
+    requester.subscribe("sub", topic)
+    net.pump()
+    outcomes: list[AppendOutcome] = []
+    requester.append(topic, b"slow", outcomes)
+    net.pump()
+    net.stop(0)
+    net.advance(APPEND_TIMEOUT + 0.1)
+    first = outcomes[0]
+    assert isinstance(first, Unknown) and first.message_id is not None
+    net.resume(0)
+    leader.durable()  # stored after all; the answer arrives late
+    net.pump()
+    assert requester.deliveries == {"sub": [b"slow"]}
+    again: list[AppendOutcome] = []
+    requester.append(topic, b"slow", again, first.message_id)  # the client's resend
+    net.pump()
+    assert again == [StoredElsewhere(partition, 0, 1, None)]
+    assert requester.deliveries == {"sub": [b"slow"]}  # not a second time
+    assert len(leader.log.local.partitions[partition]) == 1
 
 
 def test_a_late_answer_never_completes_a_request_of_a_later_link(tmp_path: Path) -> None:

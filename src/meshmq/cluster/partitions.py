@@ -29,8 +29,11 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
   saying no, broker/publishes.py). Each append carries a message id drawn here (the record's
   id); the leader remembers the ids of the last ``RECOGNISED_MAX`` publishes peers had it
   store, and a resend with one of them (the session kept the id, broker/session.py) is
-  answered with where the first was stored instead of being stored again. Only an append
-  that never left this worker is refused for a missing link. Answers belong to the link
+  answered with where the first was stored instead of being stored again. An answer that
+  comes after its deadline (a slow or stopped leader, the link still up) still brings the
+  message to this worker's subscribers (the leader left them to us), and the resend's answer
+  then delivers nothing more here. Only an append that never left this worker is refused for
+  a missing link. Answers belong to the link
   their request came on: one computed after that link dropped is dropped with it, never
   sent on a later link, where the peer's request ids mean other publishes.
 * **Serving appends** (``APPEND`` from a peer): the same local append (a frame's publishes
@@ -73,6 +76,7 @@ from meshmq.cluster.codec import (
     Appended,
     AppendEntry,
     FrameType,
+    GroupKey,
     Hello,
     Highs,
     Sync,
@@ -140,12 +144,15 @@ class PartitionedLog(LogAccess):
         self.route_stored: RouteStored | None = None  # set by the broker's side (workers.py)
         self.counters = {"appends_forwarded": 0, "appends_served": 0, "appends_refused": 0,
                          "appends_unknown": 0, "appends_recognised": 0,
-                         "answers_dropped": 0}
+                         "answers_dropped": 0, "answers_late": 0}
         self._next_request = 1
         self._pending: dict[int, _Pending] = {}  # appends waiting for their leader's answer
         self._outbox: dict[int, list[AppendEntry]] = {}  # this turn's appends, per leader
         self._answers: dict[int, list[AppendAnswer]] = {}  # this turn's answers, per peer
         self._stored: OrderedDict[bytes, _Stored] = OrderedDict()  # by message id, newest last
+        # appends whose answer did not come in time, should it come late (by request id)
+        self._late: OrderedDict[int, _Pending] = OrderedDict()
+        self._delivered_late: OrderedDict[bytes, None] = OrderedDict()  # their message ids
         mesh.handle(FrameType.APPEND, self._on_append)
         mesh.handle(FrameType.APPENDED, self._on_appended)
         mesh.before_send += [self._send_appends, self._send_answers]
@@ -210,8 +217,15 @@ class PartitionedLog(LogAccess):
         waiting = self._pending
         for request_id, status, partition, offset, receivers, local in frame.answers:
             pending = waiting.pop(request_id, None)
-            if pending is None or pending.leader != peer:
+            if pending is None:
+                self._late_answer(peer, request_id, status, partition, offset, local)
                 continue
+            if pending.leader != peer:
+                continue
+            if local is not None and self._delivered_late and (
+                    pending.message_id in self._delivered_late):
+                local = None  # a resend of one delivered here when its late answer came,
+                receivers = max(receivers, 1)  # to the subscribers it matched here
             if status:
                 outcome: AppendOutcome = Refused(status, (
                     f"partition {pending.partition}: refused by its leader (0x{status:02X})"))
@@ -227,11 +241,33 @@ class PartitionedLog(LogAccess):
             pending.done(Refused(ReasonCode.UNSPECIFIED_ERROR,
                                  f"partition {pending.partition}: {why}"))
 
-    def _unknown(self, request_id: int, why: str) -> None:
+    def _unknown(self, request_id: int, why: str, late: bool = False) -> None:
+        """The outcome is not known; ``late``: its answer may still come on this link."""
         pending = self._pending.pop(request_id, None)
         if pending is not None:
             self.counters["appends_unknown"] += 1
+            if late:
+                self._late[request_id] = pending
+                if len(self._late) > RECOGNISED_MAX:
+                    self._late.popitem(last=False)
             pending.done(Unknown(f"partition {pending.partition}: {why}", pending.message_id))
+
+    def _late_answer(self, peer: int, request_id: int, status: int, partition: int,
+                     offset: int, local: list[GroupKey] | None) -> None:
+        """An answer after its append's outcome was given as unknown (the leader was slow or
+        stopped): stored after all, and routed everywhere but here, so the subscribers here
+        get it now (the publisher was not acknowledged: it resends, and that resend is then
+        not delivered here again)."""
+        pending = self._late.pop(request_id, None)
+        if pending is None or pending.leader != peer or status:
+            return
+        self.counters["answers_late"] += 1
+        self.routed(partition, offset)
+        delivered = self._delivered_late
+        delivered[pending.message_id] = None
+        if len(delivered) > RECOGNISED_MAX:
+            delivered.popitem(last=False)
+        pending.done(StoredElsewhere(partition, offset, 0, local))
 
     def _link_down(self, peer: int) -> None:
         """The link to ``peer`` is gone: the appends it was asked for may or may not be
@@ -244,6 +280,8 @@ class PartitionedLog(LogAccess):
             else:
                 self._unknown(request_id, f"the link to its leader, worker {peer}, dropped "
                                           "before the answer came")
+        for request_id in [r for r, p in self._late.items() if p.leader == peer]:
+            del self._late[request_id]  # no answer comes on a later link
         dropped = self._answers.pop(peer, None)
         if dropped:
             self.counters["answers_dropped"] += len(dropped)
@@ -257,7 +295,8 @@ class PartitionedLog(LogAccess):
                 break
             overdue.append(request_id)
         for request_id in overdue:
-            self._unknown(request_id, f"no answer from its leader within {APPEND_TIMEOUT:.0f} s")
+            self._unknown(request_id, f"no answer from its leader within {APPEND_TIMEOUT:.0f} s",
+                          late=True)
 
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
         if self.leadership.leads(partition):
