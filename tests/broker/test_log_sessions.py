@@ -424,7 +424,7 @@ def test_bad_fsync_rule_is_a_one_line_error(tmp_path):
         capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and "log.fsync_rules" in errors[0] and "cmd/#=sometimes" in errors[0]
 
 
