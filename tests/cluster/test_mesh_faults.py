@@ -197,6 +197,31 @@ def test_a_resend_after_an_unknown_outcome_is_recognised_not_stored_twice(
     assert requester.deliveries == {"sub": [b"once"]}  # delivered here once, on the resend
 
 
+def test_a_resend_on_the_leaders_own_worker_is_recognised_too(tmp_path: Path) -> None:
+    """The session moves with the client: its resend may reach the partition's leader
+    itself, which recognises the message id there as well (no second record, nothing routed
+    again)."""
+    net = Net(2, log_dir=tmp_path)
+    leader, requester = net.nodes
+    topic = led_by(leader, 0)
+    partition = leader.leadership.partition_for(topic)
+    leader.subscribe("sub", topic)
+    net.pump()
+    outcomes: list[AppendOutcome] = []
+    requester.append(topic, b"moved", outcomes)
+    net.pump()
+    leader.durable()
+    net.cut(0, 1)
+    first = outcomes[0]
+    assert isinstance(first, Unknown) and first.message_id is not None
+    again: list[AppendOutcome] = []
+    leader.append(topic, b"moved", again, first.message_id)  # reconnected to the leader
+    net.pump()
+    assert leader.durable() == 0
+    assert again == [StoredElsewhere(partition, 0, 1, None)]
+    assert leader.deliveries == {"sub": [b"moved"]}
+
+
 def test_a_slow_leaders_late_answer_delivers_here_once_and_the_resend_adds_nothing(
         tmp_path: Path) -> None:
     """Unknown outcomes with a leader that was only slow (stopped, then resumed): it stored
