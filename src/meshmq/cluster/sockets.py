@@ -68,9 +68,11 @@ def parent_of(pid: int) -> int | None:
     return int(text[text.rindex(b")") + 2:].split()[1])
 
 
-def refuse_peer(sock: socket.socket) -> str | None:
+def refuse_peer(sock: socket.socket | None) -> str | None:
     """Why the process at the other end of ``sock`` may not join this worker's mesh (None:
     it may): it must run as our user and be our supervisor's child, or be this process."""
+    if sock is None:
+        return "is unknown (no socket to ask)"
     pid, uid, _ = _CREDENTIALS.unpack(
         sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
     if uid != os.getuid():
