@@ -18,8 +18,9 @@ Also counted: **duplicates** (a value stored or delivered more than once: QoS 1 
 **order**: within one log partition (the log's partitioner, ``log/partitioner.py``) one
 publisher's values must appear in increasing ``seq`` order, in the log and at each subscriber
 (first copies only; a later copy of an earlier value is a duplicate, not disorder);
-**refused but stored** (the broker said no and kept it: a resend of an unknown publish may do
-that); **unknown and stored**; **phantoms** (stored or delivered, never sent); **sessions lost**
+**refused but stored** (a PUBACK failure code, yet the value is in the log: the client was
+told "not accepted" about something it will see delivered), or refused, not stored, yet
+delivered; **unknown and stored**; **phantoms** (stored or delivered, never sent); **sessions lost**
 (a subscriber reconnected and the broker had forgotten its session).
 
 ``Report.render()`` is the human-readable form; ``Report.ok`` means nothing lost.
@@ -116,7 +117,8 @@ class Report:
     log_duplicates: int = 0
     duplicates: dict[str, int] = field(default_factory=dict)
     disorder: list[Disorder] = field(default_factory=list)
-    refused_but_stored: list[Sent] = field(default_factory=list)
+    refused_but_stored: list[Sent] = field(default_factory=list)  # in the log
+    refused_but_delivered: list[Sent] = field(default_factory=list)  # not in the log
     unknown_stored: int = 0
     phantoms: list[Value] = field(default_factory=list)
     sessions_lost: dict[str, int] = field(default_factory=dict)
@@ -154,9 +156,10 @@ def check(sent: Iterable[Sent], received: Sequence[Received], logged: Sequence[L
         elif s.outcome is Outcome.ACKED:
             for name in missed:
                 report.undelivered.setdefault(name, []).append(s)
-        stored = value in in_log or any(value in counts for counts in got.values())
-        if s.outcome is Outcome.REFUSED and stored:
+        if s.outcome is Outcome.REFUSED and value in in_log:
             report.refused_but_stored.append(s)
+        elif s.outcome is Outcome.REFUSED and any(value in c for c in got.values()):
+            report.refused_but_delivered.append(s)
         report.unknown_stored += s.outcome is Outcome.UNKNOWN and value in in_log
     for s in report.lost:
         report.lost_by_partition.setdefault(partitioner.partition_for(s.topic), []).append(s)
@@ -226,8 +229,10 @@ def _render(r: Report) -> list[str]:
     lines.append(f"order: {len(r.disorder)} values out of order within a partition")
     lines += [f"  {d.where}: {d.publisher}:{d.seq} after :{d.after} in partition {d.partition}"
               for d in r.disorder[:EXAMPLES]]
-    lines.append(f"refused but stored or delivered: {len(r.refused_but_stored)}"
+    lines.append(f"refused (PUBACK >= 0x80) yet in the log: {len(r.refused_but_stored)}"
                  + (f": {_values(r.refused_but_stored)}" if r.refused_but_stored else ""))
+    if r.refused_but_delivered:
+        lines.append(f"refused, not in the log, yet delivered: {_values(r.refused_but_delivered)}")
     lines.append(f"unknown outcome, found in the log: {r.unknown_stored}")
     if r.phantoms:
         lines.append(f"phantoms (never sent): {r.phantoms[:EXAMPLES]}")

@@ -86,7 +86,7 @@ class ProxyStats:
         default_factory=lambda: {direction: 0 for direction in Direction})
 
 
-@dataclass
+@dataclass(eq=False)  # links are told apart by identity (a set of them)
 class _Link:
     client: asyncio.StreamWriter
     node: asyncio.StreamWriter | None = None
@@ -221,20 +221,26 @@ class Proxy:
         self._links.add(link)
         try:
             await self._flowing[Direction.TO_NODE].wait()  # a blackhole dials nothing
-            try:
-                host, port = self.target()
-                node_reader, link.node = await asyncio.open_connection(host, port)
-            except OSError:
-                self._stats.refused += 1
-                return
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._pump(reader, link.node, Direction.TO_NODE))
-                group.create_task(self._pump(node_reader, writer, Direction.TO_CLIENT))
-        except* OSError:
-            pass  # either side failed: the link ends (below)
+            await self._forward(link, reader)
+        except asyncio.CancelledError:
+            pass  # dropped: ending here keeps asyncio's stream callback from logging it
         finally:
             self._links.discard(link)
             link.abort()
+
+    async def _forward(self, link: _Link, reader: asyncio.StreamReader) -> None:
+        try:
+            host, port = self.target()
+            node_reader, link.node = await asyncio.open_connection(host, port)
+        except OSError:
+            self._stats.refused += 1
+            return
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._pump(reader, link.node, Direction.TO_NODE))
+                group.create_task(self._pump(node_reader, link.client, Direction.TO_CLIENT))
+        except* OSError:
+            pass  # either side failed: the link ends
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     direction: Direction) -> None:
