@@ -119,8 +119,8 @@ class Node:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            if self.paused and sig != signal.SIGKILL:
-                self.resume()  # a stopped process would not act on SIGTERM
+            if sig != signal.SIGKILL:
+                self._signal_all(signal.SIGCONT)  # a stopped node or worker ignores SIGTERM
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=timeout)
@@ -148,17 +148,32 @@ class Node:
         return self.start(self.port if same_port else 0)
 
     def pause(self) -> None:
-        """SIGSTOP every process of the node: a paused node answers nothing and closes
-        nothing (its sockets stay open), as a host that froze."""
-        for pid in reversed(self.pids()):
+        """SIGSTOP every process of the node, and return once all are stopped: a paused node
+        answers nothing and closes nothing (its sockets stay open), as a host that froze."""
+        pids = self.pids()
+        for pid in pids:
             os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: all(process_state(pid) == "T" for pid in pids),
+                 what=f"{self.name} to stop")
         self.paused = True
 
     def resume(self) -> None:
-        """SIGCONT every process of the node."""
-        for pid in self.pids():
-            os.kill(pid, signal.SIGCONT)
+        """SIGCONT every process of the node; return once none is stopped."""
+        pids = self._signal_all(signal.SIGCONT)
+        wait_for(lambda: all(process_state(pid) != "T" for pid in pids),
+                 what=f"{self.name} to go on")
         self.paused = False
+
+    def _signal_all(self, sig: int) -> list[int]:
+        """Send ``sig`` to every process of the node that is still there."""
+        sent = []
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+                sent.append(pid)
+            except ProcessLookupError:
+                pass
+        return sent
 
     # -- workers --------------------------------------------------------------------------
 
@@ -193,13 +208,17 @@ class Node:
         return pid
 
     def pause_worker(self, index: int) -> int:
+        """SIGSTOP one worker; return its pid once it is stopped."""
         pid = self.worker_pids()[index]
         os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: process_state(pid) == "T", what=f"{self.name} worker {index} to stop")
         return pid
 
     def resume_worker(self, index: int) -> int:
+        """SIGCONT one worker; return its pid once it runs again."""
         pid = self.worker_pids()[index]
         os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: process_state(pid) != "T", what=f"{self.name} worker {index} to go on")
         return pid
 
     def wait_worker_restarted(self, index: int, old_pid: int, timeout: float = 30.0) -> int:
@@ -211,12 +230,17 @@ class Node:
         return int(wait_for(restarted, timeout=timeout, what=f"{self.name} worker {index} back"))
 
 
-def _alive(pid: int) -> bool:
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc (``T`` stopped, ``Z`` zombie); ``X`` if gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"  # a zombie is dead, not reaped
+            return stat.read().rsplit(") ", 1)[1][0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
+        return "X"
+
+
+def _alive(pid: int) -> bool:
+    return process_state(pid) not in "ZX"  # a zombie is dead, only not reaped yet
 
 
 @dataclass

@@ -16,7 +16,7 @@ from conftest import wait_for
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
 
-CUT_TIMEOUT = 1.0  # how long a client in the cut waits to see that nothing comes
+CUT_TIMEOUT = 0.5  # how long a client in the cut waits to see that nothing comes
 
 
 def test_a_cut_makes_the_broker_unreachable_until_healed(tmp_path: Path) -> None:

@@ -7,16 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from checker import read_log
+from nodes import process_state as state
 from nodes import start_nodes
 
-from meshmq.mqtt.packets import Connack, Connect
+from meshmq.mqtt.packets import Connack, Connect, Puback
 from rawclient import RawClient
 
 
-def state(pid: int) -> str:
-    """The process state letter of ``pid`` (``T``: stopped)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split(") ", 1)[1][0]
+def acknowledged(client: RawClient, payload: bytes) -> bool:
+    ack = client.publish("nodes/a", payload, qos=1)
+    return isinstance(ack, Puback) and ack.reason_code < 0x80
 
 
 def test_nodes_pause_continue_kill_and_restart(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_nodes_pause_continue_kill_and_restart(tmp_path: Path) -> None:
 
         with RawClient(n2.port) as client:
             client.connect("before")
-            assert client.publish("nodes/a", b"before:1", qos=1).reason_code < 0x80
+            assert acknowledged(client, b"before:1")
         port = n2.port
         n2.kill()
         assert not n2.running()
@@ -51,6 +51,6 @@ def test_nodes_pause_continue_kill_and_restart(tmp_path: Path) -> None:
         assert n2.port == port and n2.runs == 2 and n2.log_path.name == "run-2.log"
         with RawClient(n2.port) as client:
             client.connect("after")
-            assert client.publish("nodes/a", b"after:1", qos=1).reason_code < 0x80
+            assert acknowledged(client, b"after:1")
         assert [(r.publisher, r.seq) for r in read_log(n2.data_dir)] == [
             ("before", 1), ("after", 1)]

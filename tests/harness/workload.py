@@ -90,7 +90,7 @@ class Connection:
     session_present: bool
 
 
-def parse_payload(payload: bytes) -> tuple[str, int] | None:
+def parse_payload(payload: bytes | bytearray) -> tuple[str, int] | None:
     """``(publisher, seq)`` of a workload payload, or None for anything else."""
     name, _, seq = payload.decode("utf-8", "replace").rpartition(":")
     return (name, int(seq)) if name and seq.isdigit() else None
@@ -143,6 +143,8 @@ class Publisher:
         self.resume = resume
         self.sent: dict[int, Sent] = {}
         self.connections: list[Connection] = []
+        self.disconnects = 0  # connections lost or closed (by the broker or a fault)
+        self.last_answer = time.monotonic()  # of the last PUBACK, success or failure
         self._by_mid: dict[int, Sent] = {}
         self._early: dict[int, ReasonCode] = {}  # answers that beat publish() returning
         self._pending = 0
@@ -151,12 +153,18 @@ class Publisher:
         self._client = new_client(name, self.connections.append)
         self._client.max_inflight_messages_set(window)
         self._client.on_publish = self._answered
+        self._client.on_disconnect = self._disconnected
         self._thread = threading.Thread(target=self._run, name=f"publisher-{name}", daemon=True)
 
     def start(self) -> Publisher:
         start_client(self._client, self.address, self.resume)
         self._thread.start()
         return self
+
+    def pending(self) -> int:
+        """Publishes sent and not answered yet."""
+        with self._changed:
+            return self._pending
 
     def count(self, outcome: Outcome) -> int:
         with self._changed:
@@ -192,7 +200,12 @@ class Publisher:
             else:
                 self._settle(sent, reason)
 
+    def _disconnected(self, *_args: object) -> None:
+        with self._changed:
+            self.disconnects += 1
+
     def _settle(self, sent: Sent, reason: ReasonCode) -> None:
+        self.last_answer = time.monotonic()
         sent.outcome = Outcome.REFUSED if reason.is_failure else Outcome.ACKED
         sent.reason = reason.value
         self._pending -= 1
@@ -325,6 +338,20 @@ class Workload:
         wait_for(lambda: self.acked() >= target, timeout=timeout,
                  what=f"{more} more acknowledged publishes")
 
+    def quiet(self, seconds: float, every: bool = True) -> bool:
+        """Whether every publisher (``every=False``: at least one) has had no answer for
+        ``seconds`` although it waits for some: a fault that holds them has taken effect."""
+        now = time.monotonic()
+        held = [p.pending() > 0 and now - p.last_answer >= seconds for p in self.publishers]
+        return all(held) if every else any(held)
+
+    def disconnects(self) -> list[int]:
+        return [p.disconnects for p in self.publishers]
+
+    def all_disconnected_since(self, before: Sequence[int]) -> bool:
+        """Whether every publisher lost its connection since ``disconnects()`` was ``before``."""
+        return all(now > then for now, then in zip(self.disconnects(), before, strict=True))
+
     def stop_publishing(self, timeout: float = WAIT) -> None:
         for publisher in self.publishers:
             publisher.stop(timeout)
@@ -346,7 +373,8 @@ class Workload:
                      what=f"{subscriber.name} to receive the drain barriers")
 
     def close(self) -> None:
-        for client in [*self.publishers, *self.subscribers]:
+        clients: list[Publisher | Subscriber] = [*self.publishers, *self.subscribers]
+        for client in clients:
             try:
                 client.close()
             except Exception:
