@@ -21,7 +21,8 @@ publisher's values must appear in increasing ``seq`` order, in the log and at ea
 **refused but stored** (a PUBACK failure code, yet the value is in the log: the client was
 told "not accepted" about something it will see delivered), or refused, not stored, yet
 delivered; **unknown and stored**; **phantoms** (stored or delivered, never sent); **sessions lost**
-(a subscriber reconnected and the broker had forgotten its session).
+(a subscriber reconnected and the broker had forgotten its session); **drain incomplete** (a
+subscriber never got the drain's barriers: the broker stopped delivering to it).
 
 ``Report.render()`` is the human-readable form; ``Report.ok`` means nothing lost.
 """
@@ -122,6 +123,7 @@ class Report:
     unknown_stored: int = 0
     phantoms: list[Value] = field(default_factory=list)
     sessions_lost: dict[str, int] = field(default_factory=dict)
+    undrained: dict[str, list[int]] = field(default_factory=dict)  # barriers never received
     partitions: int = 0
 
     @property
@@ -196,7 +198,9 @@ def check_workload(workload: Workload, data_dirs: Sequence[Path],
     logged = [record for data_dir in data_dirs for record in read_log(data_dir)]
     partitioner = Partitioner(log_partitions(data_dirs[0]), key_level)
     sent = [s for publisher in workload.publishers for s in publisher.sent.values()]
-    return check(sent, [Received.of(s) for s in workload.subscribers], logged, partitioner)
+    report = check(sent, [Received.of(s) for s in workload.subscribers], logged, partitioner)
+    report.undrained = dict(workload.undrained)
+    return report
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -226,6 +230,9 @@ def _render(r: Report) -> list[str]:
                      f"delivered{': ' + _values(missed) if missed else ''}; {dups} duplicate "
                      f"deliveries (QoS 1 allows them); {r.sessions_lost.get(name, 0)} "
                      "sessions lost")
+    for name, partitions in sorted(r.undrained.items()):
+        lines.append(f"DRAIN INCOMPLETE: {name} never got the barrier of partitions "
+                     f"{partitions}: the broker stopped delivering to it")
     lines.append(f"order: {len(r.disorder)} values out of order within a partition")
     lines += [f"  {d.where}: {d.publisher}:{d.seq} after :{d.after} in partition {d.partition}"
               for d in r.disorder[:EXAMPLES]]

@@ -45,3 +45,4 @@ def test_the_checker_reports_exactly_the_acknowledged_values_cut_from_the_log(
     assert report.outcomes[Outcome.UNKNOWN] == report.outcomes[Outcome.REFUSED] == 0
     assert planted and report.lost_values() == planted
     assert not report.unlogged and not report.undelivered and not report.phantoms
+    assert not report.undrained

@@ -33,7 +33,7 @@ def test_kill_9_of_a_worker_under_load_loses_nothing(tmp_path: Path) -> None:
             workload.drain(node.address())
             report = check_workload(workload, [node.data_dir])
     print(report.render())
-    assert report.ok, report.render()
+    assert report.ok and not report.undrained, report.render()
 
 
 # -- the long suite ---------------------------------------------------------------------------

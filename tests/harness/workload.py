@@ -78,6 +78,7 @@ class Delivery:
     seq: int
     topic: str
     dup: bool
+    at: float  # time.monotonic() when it arrived
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,8 @@ class Subscriber:
         parsed = parse_payload(message.payload)
         if parsed is not None:
             with self._lock:
-                self.deliveries.append(Delivery(*parsed, message.topic, bool(message.dup)))
+                self.deliveries.append(Delivery(*parsed, message.topic, bool(message.dup),
+                                                time.monotonic()))
 
     def snapshot(self) -> list[Delivery]:
         with self._lock:
@@ -328,6 +330,7 @@ class Workload:
     prefix: str = "jepsen"
     partitions: int = 8
     drains: int = 0
+    undrained: dict[str, list[int]] = field(default_factory=dict)  # by the last drain
 
     def acked(self) -> int:
         return sum(p.count(Outcome.ACKED) for p in self.publishers)
@@ -356,21 +359,34 @@ class Workload:
         for publisher in self.publishers:
             publisher.stop(timeout)
 
-    def drain(self, address: tuple[str, int], timeout: float = 60.0) -> None:
+    def drain(self, address: tuple[str, int], timeout: float = 20.0) -> dict[str, list[int]]:
         """Stop publishers, then publish a barrier per partition on ``address`` and wait until
-        every subscriber has them all (see the module docstring)."""
+        every subscriber has them all (see the module docstring), at most ``timeout`` seconds.
+
+        Returns (and keeps in ``undrained``) each subscriber that still misses barriers, with
+        the partitions of those: a subscriber the broker stopped serving. The checker reports
+        them; the caller decides whether that fails the test.
+        """
         self.stop_publishing()
         self.drains += 1
         name = f"{BARRIER}-{self.drains}"
         topics = barrier_topics(self.prefix, self.partitions)
         publish_and_wait(address, name, [(topic, f"{name}:{k}".encode())
                                          for k, topic in enumerate(topics)], timeout)
-        for subscriber in self.subscribers:
-            def complete(subscriber: Subscriber = subscriber) -> bool:
+
+        def missing() -> dict[str, list[int]]:
+            result = {}
+            for subscriber in self.subscribers:
                 got = {d.seq for d in subscriber.snapshot() if d.publisher == name}
-                return len(got) == len(topics)
-            wait_for(complete, timeout=timeout,
-                     what=f"{subscriber.name} to receive the drain barriers")
+                if len(got) < len(topics):
+                    result[subscriber.name] = sorted(set(range(len(topics))) - got)
+            return result
+
+        deadline = time.monotonic() + timeout
+        while (undrained := missing()) and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the condition, as conftest.wait_for does
+        self.undrained = undrained
+        return undrained
 
     def close(self) -> None:
         clients: list[Publisher | Subscriber] = [*self.publishers, *self.subscribers]
