@@ -22,7 +22,8 @@ subscribes again only if the broker lost its session (each such loss is recorded
 
 ``drain()``: publishers stop and wait for their answers; then one *barrier* message per log
 partition is published (publisher ``barrier-{round}``, on ``{prefix}/barrier/i``, which every
-subscriber's filter matches), and the drain waits until every subscriber got every barrier. A
+subscriber's filter matches), and the drain waits until every subscriber got every barrier
+(20 s at most: one that never gets them is kept in ``undrained`` for the report). A
 partition's messages reach a subscriber in log order, live or caught up from the log, so by
 then everything stored before a barrier has reached it (a broker that breaks that order shows
 up in the checker's report). Subscribers must be subscribed before publishers start: the
