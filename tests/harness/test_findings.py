@@ -22,9 +22,10 @@ def connect(port: int, clean: bool) -> tuple[RawClient, bool, int]:
     client = RawClient(port)
     connack = client.connect("S", clean_start=clean,
                              properties={PropertyId.SESSION_EXPIRY_INTERVAL: 600})
-    worker = dict(connack.properties.get(PropertyId.USER_PROPERTY) or ()).get(
-        "meshmq-worker", "0")
-    return client, connack.session_present, int(worker)  # type: ignore[arg-type]
+    pairs = connack.properties.get(PropertyId.USER_PROPERTY) or []
+    assert isinstance(pairs, list)
+    worker = dict(pair for pair in pairs if isinstance(pair, tuple)).get("meshmq-worker", "0")
+    return client, connack.session_present, int(worker)
 
 
 @pytest.mark.xfail(strict=True, reason="a session handed over between workers comes back "
