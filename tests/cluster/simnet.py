@@ -103,7 +103,8 @@ class FakeLog:
     def __init__(self, settings: LogSettings, data_dir: str, loop: Loop,
                  owned: list[int] | None = None, high_watermark: list[int] | None = None
                  ) -> None:
-        self.partitions: dict[int, list[Record]] = {p: [] for p in owned or ()}
+        self.owned = tuple(owned or ())
+        self.partitions: dict[int, list[Record]] = {p: [] for p in self.owned}
         self.waiting: list[tuple[int, Record, Completion]] = []
         self.high_watermark = high_watermark
         self.partitioner = None

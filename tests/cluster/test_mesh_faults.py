@@ -20,7 +20,7 @@ from meshmq.broker.retained import RetainedStore
 from meshmq.broker.session import Session, Subscription
 from meshmq.cluster.codec import Barrier, FrameType, Stats
 from meshmq.cluster.directory import CLAIM_TIMEOUT
-from meshmq.cluster.mesh import ANSWER_TIMEOUT
+from meshmq.cluster.mesh import ANSWER_TIMEOUT, Mesh
 from meshmq.cluster.moving import SETTLE_TIMEOUT, MovedSession
 from meshmq.cluster.partitions import APPEND_TIMEOUT
 from meshmq.cluster.retained import OwnedRetained
@@ -220,6 +220,75 @@ def test_a_resend_on_the_leaders_own_worker_is_recognised_too(tmp_path: Path) ->
     assert leader.durable() == 0
     assert again == [StoredElsewhere(partition, 0, 1, None)]
     assert leader.deliveries == {"sub": [b"moved"]}
+
+
+def test_a_resend_while_its_leader_is_down_is_unknown_again_not_refused(
+        tmp_path: Path) -> None:
+    """A resend of a publish whose first attempt the leader may have stored must not be
+    refused because the leader is down (a PUBACK 0x80 for a message that is in the log): its
+    outcome is unknown again, and the client resends once more later."""
+    net = Net(2, log_dir=tmp_path)
+    leader, requester = net.nodes
+    topic = led_by(leader, 0)
+    outcomes: list[AppendOutcome] = []
+    requester.append(topic, b"first", outcomes)
+    net.pump()
+    leader.durable()
+    net.cut(0, 1)  # the leader dies after storing it
+    first = outcomes[0]
+    assert isinstance(first, Unknown) and first.message_id is not None
+    again: list[AppendOutcome] = []
+    requester.append(topic, b"first", again, first.message_id)  # resent while it is down
+    net.pump()
+    assert isinstance(again[0], Unknown) and again[0].message_id == first.message_id
+    fresh: list[AppendOutcome] = []
+    requester.append(topic, b"new", fresh)  # a new publish is certainly not stored: refused
+    net.pump()
+    assert isinstance(fresh[0], Refused)
+
+
+def test_a_restarted_leader_recognises_a_resend_it_stored_before(tmp_path: Path) -> None:
+    """The ids a leader remembers are read back from its log when it starts: a resend whose
+    first attempt was stored before the leader restarted is not stored twice."""
+    import asyncio
+
+    from simnet import Wire
+
+    from meshmq.broker.wire import decode_message, encode_message
+    from meshmq.cluster.leaders import Leadership
+    from meshmq.cluster.partitions import PartitionedLog
+    from meshmq.cluster.spec import WorkerSpec
+    from meshmq.config import LogSettings
+    from meshmq.log.commit_log import CommitLog
+    from meshmq.log.config import LogConfig
+    from meshmq.log.record import new_message_id
+
+    spec = WorkerSpec(0, 2, "token")
+    leadership = Leadership(spec, 8, None)
+    topic = next(t for t in (f"t/{i}" for i in range(100))
+                 if leadership.leads(leadership.partition_for(t)))
+    partition = leadership.partition_for(topic)
+    message_id = new_message_id(1_000)
+    before = CommitLog(tmp_path, LogConfig(partitions=8))  # the leader's previous run
+    before.append(topic, 1, False, b"", b"stored", "publisher", 1_000, message_id=message_id)
+    before.append(topic, 1, False, b"", b"later", "other", 1_001)
+    before.flush()
+    before.close()
+    loop = asyncio.new_event_loop()
+    clock = Net(1).clock
+    mesh = Mesh(spec, Wire(clock), encode_message, lambda: {})  # type: ignore[arg-type]
+    log = PartitionedLog(LogSettings(partitions=8), str(tmp_path), loop, leadership, mesh,
+                         lambda m: encode_message(m, 0.0), decode_message)
+    try:
+        outcomes: list[AppendOutcome] = []
+        assert log.append(Message(topic, b"stored", 1), "publisher", outcomes.append,
+                          message_id)
+        loop.run_until_complete(asyncio.sleep(0))
+        assert outcomes == [StoredElsewhere(partition, 0, 1, None)]
+        assert log.local.commit_log.next_offset(partition) == 2  # nothing appended
+    finally:
+        log.close()
+        loop.close()
 
 
 def test_a_slow_leaders_late_answer_delivers_here_once_and_the_resend_adds_nothing(

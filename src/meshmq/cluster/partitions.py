@@ -29,7 +29,10 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
   saying no, broker/publishes.py). Each append carries a message id drawn here (the record's
   id); the leader remembers the ids of the last ``RECOGNISED_MAX`` publishes peers had it
   store, and a resend with one of them (the session kept the id, broker/session.py) is
-  answered with where the first was stored instead of being stored again. An answer that
+  answered with where the first was stored instead of being stored again (a restarted
+  leader reads the ids of its partitions' last records back from the log). A resend whose
+  leader is not linked is unknown again, not refused: its first attempt may be stored. An
+  answer that
   comes after its deadline (a slow or stopped leader, the link still up) still brings the
   message to this worker's subscribers (the leader left them to us), and the resend's answer
   then delivers nothing more here. Only an append that never left this worker is refused for
@@ -153,6 +156,7 @@ class PartitionedLog(LogAccess):
         # appends whose answer did not come in time, should it come late (by request id)
         self._late: OrderedDict[int, _Pending] = OrderedDict()
         self._delivered_late: OrderedDict[bytes, None] = OrderedDict()  # their message ids
+        self._recall_stored()
         mesh.handle(FrameType.APPEND, self._on_append)
         mesh.handle(FrameType.APPENDED, self._on_appended)
         mesh.before_send += [self._send_appends, self._send_answers]
@@ -179,10 +183,13 @@ class PartitionedLog(LogAccess):
             return self.local.append(message, client_id, done, message_id)
         mesh = self.mesh
         if leader not in mesh.peers:
+            why = f"partition {partition} is offline: its leader, worker {leader}, is down"
+            if message_id is not None:  # a resend of one its leader may have stored: unknown
+                self.counters["appends_unknown"] += 1
+                self.loop.call_soon(done, Unknown(why, message_id))
+                return True
             self.counters["appends_refused"] += 1
-            self.loop.call_soon(done, Refused(
-                ReasonCode.UNSPECIFIED_ERROR,
-                f"partition {partition} is offline: its leader, worker {leader}, is down"))
+            self.loop.call_soon(done, Refused(ReasonCode.UNSPECIFIED_ERROR, why))
             return True
         if message_id is None:
             message_id = new_message_id(int(time.time() * 1000))
@@ -397,6 +404,26 @@ class PartitionedLog(LogAccess):
             answers = self._answers[peer] = []
         answers.append(answer)
         self.mesh.wake()
+
+    def _recall_stored(self) -> None:
+        """At start: the message ids of the last records of the partitions led here, so that
+        a resend whose first attempt this leader stored before it restarted is recognised
+        too (who delivered it where is not known any more: the resend delivers nowhere)."""
+        local = self.local
+        owned = local.owned
+        if not owned:
+            return
+        each = RECOGNISED_MAX // len(owned)
+        for partition in owned:
+            offset = max(local.earliest_offset(partition),
+                         self.high_watermark[partition] - each)  # (the log's end, at start)
+            while True:
+                records = local.read(partition, offset, 4096)
+                if not records:
+                    break
+                for record in records:
+                    self._remember(record.message_id, partition, record.offset, 1, -1)
+                offset = records[-1].offset + 1
 
     def _remember(self, message_id: bytes, partition: int, offset: int, receivers: int,
                   peer: int) -> None:
