@@ -58,7 +58,7 @@ if TYPE_CHECKING:
         RetainedMessages,
         SessionDirectory,
     )
-    from meshmq.broker.protocol import ClientProtocol
+    from meshmq.broker.transport.protocol import ClientProtocol
     from meshmq.config import BrokerConfig
 
 log = logging.getLogger("meshmq.broker")

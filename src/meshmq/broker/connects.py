@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from meshmq.broker.lifecycle import NEVER_EXPIRES, cancel_timers, protocol_name
 from meshmq.broker.message import PositionsRequestError, wants_positions
-from meshmq.broker.protocol import ClientProtocol
+from meshmq.broker.transport.protocol import ClientProtocol
 from meshmq.logsetup import kv
 from meshmq.memo import remember
 from meshmq.mqtt.codec import encode_properties

@@ -30,9 +30,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.message import Message
-from meshmq.broker.protocol import ClientProtocol
 from meshmq.broker.session import Session
 from meshmq.broker.snapshot import SessionSnapshot, SnapshotError
+from meshmq.broker.transport.protocol import ClientProtocol
 from meshmq.broker.wire import decode_message, encode_message
 from meshmq.logsetup import kv
 from meshmq.mqtt.packets import MQTT_5, Disconnect

@@ -40,7 +40,7 @@ from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
-    from meshmq.broker.protocol import ClientProtocol
+    from meshmq.broker.transport.protocol import ClientProtocol
 
 log = logging.getLogger("meshmq.broker")
 

@@ -19,8 +19,8 @@ from meshmq.mqtt.topics import parse_shared_filter, topic_matches
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
     from meshmq.broker.message import Message
-    from meshmq.broker.protocol import ClientProtocol
     from meshmq.broker.session import Session
+    from meshmq.broker.transport.protocol import ClientProtocol
 
 PROTOCOLS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 PREVIEW = 256  # payload bytes shown of a retained message

@@ -43,8 +43,8 @@ from meshmq.mqtt.topics import has_wildcard, parse_shared_filter, validate_topic
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
     from meshmq.broker.message import Message
-    from meshmq.broker.protocol import ClientProtocol
     from meshmq.broker.session import Session
+    from meshmq.broker.transport.protocol import ClientProtocol
 
 log = logging.getLogger("meshmq.broker")
 

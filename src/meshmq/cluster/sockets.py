@@ -21,7 +21,7 @@ import logging
 import socket
 from typing import TYPE_CHECKING
 
-from meshmq.broker.layer import stream_transport
+from meshmq.broker.transport.layer import stream_transport
 from meshmq.cluster.mesh import WRITE_HIGH_WATER, WRITE_LOW_WATER
 
 if TYPE_CHECKING:

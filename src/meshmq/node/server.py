@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 from meshmq.auth.acl import ACLFileError
 from meshmq.auth.passwords import PasswordFileError
 from meshmq.broker.broker import Broker
-from meshmq.broker.listeners import ListenerError, Listeners
 from meshmq.broker.statestore import StateError
-from meshmq.broker.tls import TLSConfigError
+from meshmq.broker.transport.certificates import TLSConfigError
+from meshmq.broker.transport.listeners import ListenerError, Listeners
 from meshmq.cluster.sockets import MeshError
 from meshmq.cluster.spec import WorkerSpec, resolve_workers
 from meshmq.cluster.workers import WorkerCluster

@@ -54,9 +54,9 @@ from dataclasses import dataclass
 
 from meshmq.auth.acl import ACLFileError, read_acl_file
 from meshmq.auth.passwords import PasswordFileError, read_password_file
-from meshmq.broker.listeners import listener_specs
 from meshmq.broker.persistence import parse_fsync_rules
-from meshmq.broker.tls import TLSConfigError, build_server_context
+from meshmq.broker.transport.certificates import TLSConfigError, build_server_context
+from meshmq.broker.transport.listeners import listener_specs
 from meshmq.cluster.spec import WorkerSpec, share_node_limits
 from meshmq.config import BrokerConfig, split_listen
 from meshmq.log.commit_log import lock_node_log

@@ -30,10 +30,10 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from meshmq.broker.certauth import certify
-from meshmq.broker.layer import stream_transport
-from meshmq.broker.linger import close_gracefully
 from meshmq.broker.ratelimit import ClientThrottle
+from meshmq.broker.transport.certauth import certify
+from meshmq.broker.transport.layer import stream_transport
+from meshmq.broker.transport.linger import close_gracefully
 from meshmq.mqtt.connection import ServerConnection
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.packets import Packet, PacketType

@@ -49,15 +49,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from meshmq.broker.acceptq import AcceptQueueWatch, Change, can_watch, queued_connections
-from meshmq.broker.admission import Admission, Decision, NetworkRules, Ticket, Verdict
-from meshmq.broker.certauth import CertificateAuthenticator
-from meshmq.broker.layer import stream_transport
-from meshmq.broker.linger import close_gracefully
-from meshmq.broker.protocol import ClientProtocol
-from meshmq.broker.tls import ServerCertificates
-from meshmq.broker.tlslayer import TLSLayer
-from meshmq.broker.websocket import WebSocketLayer
+from meshmq.broker.transport.acceptq import AcceptQueueWatch, Change, can_watch, queued_connections
+from meshmq.broker.transport.admission import Admission, Decision, NetworkRules, Ticket, Verdict
+from meshmq.broker.transport.certauth import CertificateAuthenticator
+from meshmq.broker.transport.certificates import ServerCertificates
+from meshmq.broker.transport.layer import stream_transport
+from meshmq.broker.transport.linger import close_gracefully
+from meshmq.broker.transport.protocol import ClientProtocol
+from meshmq.broker.transport.tls import TLSLayer
+from meshmq.broker.transport.websocket import WebSocketLayer
 from meshmq.mqtt.connection import ServerConnection
 from meshmq.mqtt.errors import NotConnect, RemoteProtocolError
 from meshmq.mqtt.packets import PacketType

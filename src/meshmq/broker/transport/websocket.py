@@ -38,9 +38,9 @@ from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
-from meshmq.broker.admission import Ticket
-from meshmq.broker.layer import StackedLayer, stream_transport
-from meshmq.broker.linger import close_gracefully
+from meshmq.broker.transport.admission import Ticket
+from meshmq.broker.transport.layer import StackedLayer, stream_transport
+from meshmq.broker.transport.linger import close_gracefully
 
 log = logging.getLogger("meshmq.websocket")
 # The library logs "connection open/closed" at info and every frame at debug: keep it quiet.
