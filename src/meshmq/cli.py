@@ -15,10 +15,10 @@ from pathlib import Path
 
 from meshmq import __version__
 from meshmq.auth.cli import add_passwd_command
-from meshmq.broker.statecli import add_state_command
 from meshmq.clients import add_client_commands
 from meshmq.config import ConfigError, allowed_values, config_reference, load_config
 from meshmq.log.cli import add_log_command
+from meshmq.state.cli import add_state_command
 
 # serve flag (argparse dest) -> configuration key it overrides
 SERVE_OVERRIDES = {

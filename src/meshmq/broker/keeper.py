@@ -1,7 +1,7 @@
 """What the broker keeps across restarts: persistent sessions and retained messages.
 
 Translates between the broker's objects and the JSON entries of the ``StateStore``
-(statestore.py). A session is stored while its expiry interval is non-zero: its expiry, user
+(state/store.py). A session is stored while its expiry interval is non-zero: its expiry, user
 name, will, subscriptions, the time it went offline and its cursor into the commit log (the
 first offset per partition it may still need, ``Session.log_cursor()``). Cursors of connected
 sessions are checkpointed every ``CHECKPOINT_SECONDS``; after a crash a session resumes from
@@ -31,7 +31,7 @@ from meshmq.broker.snapshot import (
     options_to_json,
     will_to_json,
 )
-from meshmq.broker.statestore import COMPACT_BYTES, Done, State, StateError, StateStore
+from meshmq.state.store import COMPACT_BYTES, Done, State, StateError, StateStore
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from meshmq.auth.acl import ACLFileError
 from meshmq.auth.passwords import PasswordFileError
 from meshmq.broker.broker import Broker
-from meshmq.broker.statestore import StateError
 from meshmq.broker.transport.certificates import TLSConfigError
 from meshmq.broker.transport.listeners import ListenerError, Listeners
 from meshmq.cluster.sockets import MeshError
@@ -37,6 +36,7 @@ from meshmq.node.admin.views import WorkerViews
 from meshmq.node.descriptors import raise_file_limit, reserve_descriptors
 from meshmq.node.reload import ConfigReloader, ConfigSource
 from meshmq.node.webhooks import CLOSE_GRACE, Webhooks
+from meshmq.state.store import StateError
 
 if TYPE_CHECKING:
     from meshmq.node.admin.app import AdminServer
