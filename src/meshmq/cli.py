@@ -137,7 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from meshmq.logsetup import configure_logging
     from meshmq.node.reload import ConfigSource
-    from meshmq.node.server import run_server  # imported late: only serve needs the broker
+    from meshmq.node.run import run_server  # imported late: only serve needs the broker
 
     configure_logging(config.server.log_level, config.server.log_format)
     return run_server(config, ConfigSource(args.config, overrides))
