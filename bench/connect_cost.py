@@ -213,7 +213,7 @@ def connect_packet(number: int, protocol: int) -> bytes:
 
 async def measure_python(args: argparse.Namespace) -> None:
     """``--python``: accept, CONNECT and CONNACK through meshmq's code alone, best of 5."""
-    from meshmq.broker import listeners
+    from meshmq.broker.transport import listeners
 
     data = tempfile.mkdtemp(prefix="meshmq-cost-")
     server = BrokerServer(load_config(overrides={

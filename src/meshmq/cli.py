@@ -15,10 +15,10 @@ from pathlib import Path
 
 from meshmq import __version__
 from meshmq.auth.cli import add_passwd_command
-from meshmq.broker.statecli import add_state_command
 from meshmq.clients import add_client_commands
 from meshmq.config import ConfigError, allowed_values, config_reference, load_config
 from meshmq.log.cli import add_log_command
+from meshmq.state.cli import add_state_command
 
 # serve flag (argparse dest) -> configuration key it overrides
 SERVE_OVERRIDES = {
@@ -137,7 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from meshmq.logsetup import configure_logging
     from meshmq.node.reload import ConfigSource
-    from meshmq.node.server import run_server  # imported late: only serve needs the broker
+    from meshmq.node.run import run_server  # imported late: only serve needs the broker
 
     configure_logging(config.server.log_level, config.server.log_format)
     return run_server(config, ConfigSource(args.config, overrides))

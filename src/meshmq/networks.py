@@ -1,7 +1,7 @@
 """CIDR network lists, as the configuration gives them (``limits.allow``, ``deny``...).
 
-A leaf module: the configuration checks them and the admission rules (broker/admission.py)
-use them, with one parser.
+A leaf module: the configuration checks them and the admission rules
+(broker/transport/admission.py) use them, with one parser.
 """
 
 from __future__ import annotations

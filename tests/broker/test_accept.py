@@ -1,4 +1,4 @@
-"""Accepting a storm: while connections queue, a loop turn takes many (broker/acceptq.py).
+"""Accepting a storm: while connections queue, a loop turn takes many (broker/transport/acceptq.py).
 
 libuv, under uvloop, accepts one connection per listening handle per loop turn; while the
 accept queue holds ``WIDEN_AT`` or more, a listener polls its socket through
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from meshmq.broker.acceptq import WIDEN_AT, AcceptQueueWatch, Change
-from meshmq.broker.listeners import ACCEPTS_PER_TURN, Listener
+from meshmq.broker.transport.acceptq import WIDEN_AT, AcceptQueueWatch, Change
+from meshmq.broker.transport.listeners import ACCEPTS_PER_TURN, Listener
 from meshmq.config import load_config
 from meshmq.mqtt.codec import encode_packet
 from meshmq.mqtt.packets import Connect

@@ -1,4 +1,5 @@
-"""broker/linger.py on real sockets in one event loop: half-close, drain, and the two bounds."""
+"""broker/transport/linger.py on real sockets in one event loop: half-close, drain, and the
+two bounds."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import pytest
 import uvloop
 
-from meshmq.broker import linger
-from meshmq.broker.linger import LINGER_BYTES, Linger, close_gracefully
+from meshmq.broker.transport import linger
+from meshmq.broker.transport.linger import LINGER_BYTES, Linger, close_gracefully
 
 Runner = Callable[[Coroutine[Any, Any, None]], None]
 # The broker runs on uvloop; the standard loop too, as the layer must not depend on one.

@@ -353,7 +353,7 @@ def test_many_bad_clients_do_not_hurt_the_broker(broker, raw_factory, honest):
     still_works(honest, "burst")
 
 
-# ---------------------------------------------------------------------- closing (broker/linger.py)
+# ------------------------------------------------------------ closing (broker/transport/linger.py)
 
 
 @pytest.mark.parametrize(("version", "code"), [(4, 4), (5, 0x86)])

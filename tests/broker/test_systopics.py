@@ -11,7 +11,7 @@ import pytest
 from conftest import BrokerProcess, Client, start_broker, wait_for
 from meshmq.broker.message import Message
 from meshmq.broker.snapshot import message_to_json
-from meshmq.broker.statestore import StateStore
+from meshmq.state.store import StateStore
 
 LOG_OFF = "[log]\nenabled = false\n"
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tlscerts import make_pki, tls_section
 
 from conftest import WAIT, BrokerProcess, start_broker, wait_for
-from meshmq.broker.admission import (
+from meshmq.broker.transport.admission import (
     MAX_REFUSING,
     Admission,
     NetworkRules,
@@ -226,8 +226,8 @@ def limited(tmp_path_factory: pytest.TempPathFactory):
 def test_a_refused_client_still_sending_reads_its_connack_then_an_orderly_end(
         limited, raw_factory) -> None:
     """Refused over a limit, a client that pipelined more after its CONNECT must read the
-    CONNACK 0x97 and then the end of the stream, not a reset (broker/linger.py): the refusal
-    closes gracefully like every other close."""
+    CONNACK 0x97 and then the end of the stream, not a reset (broker/transport/linger.py): the
+    refusal closes gracefully like every other close."""
     broker, _ = limited
     held = [raw_factory(broker.port, 5) for _ in range(3)]
     for number, raw in enumerate(held):

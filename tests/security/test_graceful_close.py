@@ -1,4 +1,5 @@
-"""A client still sending when the broker closes on it must still read why (broker/linger.py).
+"""A client still sending when the broker closes on it must still read why
+(broker/transport/linger.py).
 
 The broker answers a protocol violation with DISCONNECT and closes. A client with PUBRELs in
 flight keeps sending meanwhile; closing a socket that holds unread input makes the kernel reset
@@ -22,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from conftest import WAIT, BrokerProcess, start_broker, wait_for
-from meshmq.broker.linger import LINGER_BYTES, LINGER_SECONDS
+from meshmq.broker.transport.linger import LINGER_BYTES, LINGER_SECONDS
 from meshmq.mqtt.codec import decode_packet, encode_packet, parse_fixed_header
 from meshmq.mqtt.errors import InsufficientData
 from meshmq.mqtt.packets import (

@@ -2,14 +2,18 @@
 
 Theory of operation
 -------------------
-The I/O layer feeds each connection's decoded packets to ``handle_events()`` in order, and
-calls ``connection_lost()`` exactly once per connection. Everything here runs on the event loop
-thread, one packet at a time; timers (will delay, session expiry) are loop callbacks.
+The I/O layer (broker/transport/) feeds each connection's decoded packets to
+``handle_events()`` in order, and calls ``connection_lost()`` exactly once per connection; the
+core knows a connection only as a ``ClientHandle`` (client.py). Everything here runs on the
+event loop thread, one packet at a time; timers (will delay, session expiry) are loop callbacks.
 
 ``Broker`` owns the state (sessions, the router, the keeper, the counters) and hands each
 packet to the part that handles it, each a small object of its own: ``Connects`` (CONNECT),
 ``Publishes`` (PUBLISH and its acknowledgements), ``Subscribes`` (SUBSCRIBE, UNSUBSCRIBE) and
-``Lifecycle`` (sessions coming and going: take-over, DISCONNECT, wills, expiry).
+``Lifecycle`` (sessions coming and going: take-over, DISCONNECT, wills, expiry). Each is given
+the broker as a narrow Protocol of its own, naming the few things it uses (``PublishHost``,
+``SubscribeHost``, ``ConnectHost``, ``LifecycleHost``; ``KeeperHost`` and ``SysHost`` for the
+keeper and ``$SYS``): none of them imports this module, and a test builds one with fakes.
 
 What lies beyond this router it reaches only through the interfaces of broker/interfaces.py:
 ``peers`` (the node's other routers), ``persistence`` (the commit log's partitions),
@@ -31,7 +35,9 @@ from typing import TYPE_CHECKING, Any
 from meshmq.auth.acl import AccessControl, ACLFileError
 from meshmq.broker.authn import Authenticator, ConnectAuthenticator
 from meshmq.broker.catchup import CatchUp, index_restored
+from meshmq.broker.client import ClientHandle, protocol_violation
 from meshmq.broker.connects import Connects
+from meshmq.broker.counters import Counters
 from meshmq.broker.deadlines import KeepAliveWheel, WheelTimer
 from meshmq.broker.keeper import StateKeeper
 from meshmq.broker.lifecycle import Lifecycle
@@ -58,7 +64,6 @@ if TYPE_CHECKING:
         RetainedMessages,
         SessionDirectory,
     )
-    from meshmq.broker.protocol import ClientProtocol
     from meshmq.config import BrokerConfig
 
 log = logging.getLogger("meshmq.broker")
@@ -92,7 +97,7 @@ class Broker:
             if config.log.enabled and open_log else None
         )
         # Every connection, in a dict used as a set: an entry costs about half a set's.
-        self.clients: dict[ClientProtocol, None] = {}
+        self.clients: dict[ClientHandle, None] = {}
         self.keeper = StateKeeper(self, index or 0, count)
         self.retained_store: RetainedStore[Message] = RetainedStore()
         self.local_retained = LocalRetained(self.retained_store, self.keeper, loop.time)
@@ -105,22 +110,16 @@ class Broker:
         self.shutting_down = False
         self.input_pauses: set[str] = set()  # node-wide reasons to read no client (pause_input)
         # Every connection's CONNECT deadline and keep-alive check: one wheel, one loop timer.
-        self.deadlines: KeepAliveWheel[ClientProtocol] = KeepAliveWheel()
+        self.deadlines: KeepAliveWheel[ClientHandle] = KeepAliveWheel()
         self._deadline_timer = WheelTimer(self.deadlines, loop, self._deadlines_due)
-        self.counters = {
-            "connects": 0, "rejected": 0, "protocol_errors": 0, "wills": 0, "acl_denied": 0,
-            "refused_publishes": 0, "throttled": 0, "rate_disconnects": 0,
-            "subscription_quota": 0, "log_failures": 0, "unknown_outcomes": 0,
-            "ended_drops": 0,  # messages dropped by sessions that ended here (queries.py)
-            "bytes_in": 0, "bytes_out": 0,  # MQTT bytes read from / written to clients
-        }
+        self.counters = Counters()
         self.lifecycle = Lifecycle(self)
         self.connects = Connects(self)
         self.publishes = Publishes(self)
         self.subscribes = Subscribes(self)
-        self._dirty: list[ClientProtocol] = []
-        self._current: ClientProtocol | None = None  # whose packets are being handled
-        self._handlers: dict[int, Callable[[ClientProtocol, Any], None]] = {
+        self._dirty: list[ClientHandle] = []
+        self._current: ClientHandle | None = None  # whose packets are being handled
+        self._handlers: dict[int, Callable[[ClientHandle, Any], None]] = {
             PacketType.CONNECT: self.connects.on_connect,
             PacketType.PUBLISH: self.publishes.on_publish,
             PacketType.PUBACK: self.publishes.on_puback,
@@ -199,7 +198,7 @@ class Broker:
         client.pause_input(reason, True)
         until(partial(client.pause_input, reason, False))
 
-    def schedule_flush(self, client: ClientProtocol) -> None:
+    def schedule_flush(self, client: ClientHandle) -> None:
         """Write ``client``'s queued output once, after the current loop turn's work."""
         if not self._dirty:
             self.loop.call_soon(self._flush_dirty)
@@ -213,13 +212,13 @@ class Broker:
 
     # ------------------------------------------------------------------ deadlines
 
-    def await_connect(self, client: ClientProtocol) -> None:
+    def await_connect(self, client: ClientHandle) -> None:
         """A new connection: it has ``mqtt.connect_timeout`` seconds to send CONNECT."""
         if self.deadlines.await_connect(client, self.loop.time(),
                                         self.config.mqtt.connect_timeout):
             self._deadline_timer.arm()  # (a slot that already held something is armed for)
 
-    def watch_keep_alive(self, client: ClientProtocol) -> None:
+    def watch_keep_alive(self, client: ClientHandle) -> None:
         """CONNACK sent: check ``client`` for silence (``keep_alive_limit``; 0 = never)."""
         if client.keep_alive_limit:
             if self.deadlines.watch(client):
@@ -227,7 +226,7 @@ class Broker:
         else:
             self.deadlines.discard(client)
 
-    def forget_deadline(self, client: ClientProtocol) -> None:
+    def forget_deadline(self, client: ClientHandle) -> None:
         self.deadlines.discard(client)
 
     def _deadlines_due(self, now: float) -> None:
@@ -235,7 +234,7 @@ class Broker:
         for client in self.deadlines.expired(now, excused=bool(self.input_pauses)):
             client.deadline_passed()
 
-    def handle_events(self, client: ClientProtocol, events: list[Packet]) -> None:
+    def handle_events(self, client: ClientHandle, events: list[Packet]) -> None:
         handlers = self._handlers
         self._current = client
         for index, packet in enumerate(events):
@@ -250,17 +249,12 @@ class Broker:
         if session is not None and session.slots_freed:  # PUBACKs: refill the window once
             session.refill(self.loop.time())
 
-    def connection_lost(self, client: ClientProtocol) -> None:
+    def connection_lost(self, client: ClientHandle) -> None:
         self.lifecycle.connection_lost(client)
 
-    def protocol_violation(self, client: ClientProtocol, code: int, why: str) -> None:
+    def protocol_violation(self, client: ClientHandle, code: int, why: str) -> None:
         """A rule checked above the codec was broken: tell the client and close."""
-        self.counters["protocol_errors"] += 1
-        log.info("protocol error client_id=%s reason=0x%02X why=%r", client.client_id, code, why)
-        client.close_reason = f"protocol error 0x{code:02X}: {why}"
-        client.rejected = True
-        client.conn.send_disconnect(code)
-        client.close()
+        protocol_violation(client, self.counters, code, why)
 
     # ------------------------------------------------------------------ operations
 
@@ -323,7 +317,7 @@ class Broker:
             "sessions": len(self.sessions),
             "retained": self.retained.count(),
             **self.router.statistics(),
-            **self.counters,
+            **self.counters.as_dict(),
         }
 
 

@@ -56,19 +56,16 @@ from array import array
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from meshmq.broker.message import Message
+from meshmq.broker.subscription import Subscription
 from meshmq.log.errors import LogError, OffsetOutOfRange
 from meshmq.log.record import Record
 from meshmq.memo import remember
 from meshmq.mqtt.codec import decode_properties
 from meshmq.mqtt.properties import PacketKind, Properties, PropertyId, get_property
 from meshmq.mqtt.topics import topic_matches
-
-if TYPE_CHECKING:
-    from meshmq.broker.interfaces import PartitionLog
-    from meshmq.broker.session import Subscription
 
 log = logging.getLogger("meshmq.catchup")
 
@@ -77,6 +74,21 @@ INDEX_MAX = 8192  # offsets listed per partition; beyond, that partition is read
 STARTUP_INDEX_RECORDS = 1_000_000  # per partition, read once at start-up (index_restored)
 NEAR = 8  # listed offsets this close are read in one go, the records between them too
 NEVER = 1 << 62  # an _indexed_from that no offset reaches: the partition is read in full
+
+
+class LogReader(Protocol):
+    """What a catch-up reads of the commit log: the core's ``PartitionLog``
+    (broker/interfaces.py), seen from here."""
+
+    high_watermark: list[int]  # per partition: the offset after the last record routed here
+
+    def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
+        """Records from ``offset`` (raises ``OffsetOutOfRange`` below the earliest)."""
+
+    def earliest_offset(self, partition: int) -> int: ...
+
+    def routes_all(self, partition: int) -> bool:
+        """Is every record of ``partition`` routed here (this router leads it)?"""
 
 
 @dataclass(slots=True)
@@ -90,7 +102,7 @@ class ReplayFilter:
 
 @dataclass(slots=True)
 class CatchUp:
-    persistence: PartitionLog
+    persistence: LogReader
     filters: list[ReplayFilter] = field(default_factory=list)
     dup_below: list[int] | None = None  # records below these offsets may have been sent before
     lost: int = 0  # records deleted by retention before this session could read them
@@ -319,7 +331,7 @@ def message_from_record(record: Record, partition: int, loop_now: float) -> Mess
 
 
 def index_restored(
-    catchups: list[CatchUp], persistence: PartitionLog,
+    catchups: list[CatchUp], persistence: LogReader,
     candidates: Callable[[str], Iterable[CatchUp]],
 ) -> int:
     """Index the catch-ups of sessions just restored at start-up: read each partition once,

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 import uuid
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from meshmq.broker.lifecycle import NEVER_EXPIRES, cancel_timers, protocol_name
+from meshmq.broker.client import ClientHandle, is_handle
+from meshmq.broker.lifecycle import NEVER_EXPIRES, Lifecycle, cancel_timers, protocol_name
 from meshmq.broker.message import PositionsRequestError, wants_positions
-from meshmq.broker.protocol import ClientProtocol
 from meshmq.logsetup import kv
 from meshmq.memo import remember
 from meshmq.mqtt.codec import encode_properties
@@ -31,28 +31,62 @@ from meshmq.mqtt.properties import Properties, PropertyId, get_property
 from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
-    from meshmq.broker.broker import Broker
+    import asyncio
+
+    from meshmq.broker.authn import ConnectAuthenticator
+    from meshmq.broker.counters import Counters
+    from meshmq.broker.interfaces import BrokerEvents, Peers, SessionDirectory
+    from meshmq.broker.keeper import StateKeeper
+    from meshmq.broker.ratelimit import ConnectRateLimiter
     from meshmq.broker.session import Session
-    from meshmq.config import MQTTConfig
+    from meshmq.broker.subscribes import Subscribes
+    from meshmq.config import BrokerConfig, MQTTConfig
 
 log = logging.getLogger("meshmq.broker")
 
 WORKER_PROPERTY = "meshmq-worker"  # CONNACK user property: the worker serving the connection
 
 
+class ConnectHost(Protocol):
+    """What the CONNECT path needs from the broker it serves (broker.py)."""
+
+    loop: asyncio.AbstractEventLoop
+    sessions: dict[str, Session]  # every session here, by client id
+    config: BrokerConfig  # replaced by a reload: read it when needed, never keep it
+    index: int | None  # this worker among the node's (None: a single process)
+    connect_limiter: ConnectRateLimiter  # replaced by a reload
+    authenticator: ConnectAuthenticator  # (the TLS listeners wrap it: transport/certauth.py)
+    directory: SessionDirectory  # where the node's sessions are
+    keeper: StateKeeper
+    events: BrokerEvents | None  # webhooks, when configured
+    counters: Counters
+
+    @property
+    def peers(self) -> Peers:
+        """The node's other routers (``barrier``)."""
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        """Sessions made, taken over and ended."""
+
+    @property
+    def subscribes(self) -> Subscribes:
+        """Catch-ups of adopted sessions (``sync_catchup``)."""
+
+
 class Connects:
     """The CONNECT path of one broker (see the module docstring)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: ConnectHost) -> None:
         self.broker = broker
         self.loop = broker.loop
-        self.pending: dict[str, ClientProtocol] = {}  # client id -> connection waiting a claim
+        self.pending: dict[str, ClientHandle] = {}  # client id -> connection waiting a claim
         # Encoded CONNACK property blocks by (Server Keep Alive, Session Expiry Interval) sent,
         # for the configuration they were made with (``_connack_block``).
         self._blocks: dict[tuple[int | None, int | None], bytes] = {}
         self._blocks_config: MQTTConfig | None = None
 
-    def on_connect(self, client: ClientProtocol, packet: Connect) -> None:
+    def on_connect(self, client: ClientHandle, packet: Connect) -> None:
         broker = self.broker
         limiter = broker.connect_limiter
         # "host:port", IPv6 hosts included: the host, when limits per address are on
@@ -72,7 +106,7 @@ class Connects:
             self._authenticated(client, packet, code, resume=False)
 
     def _authenticated(
-        self, client: ClientProtocol, packet: Connect, code: int, resume: bool
+        self, client: ClientHandle, packet: Connect, code: int, resume: bool
     ) -> None:
         if client.gone:
             return
@@ -96,7 +130,7 @@ class Connects:
         if resume:
             client.release()
 
-    def _claimed(self, client: ClientProtocol, packet: Connect, adopted: list[Session]) -> None:
+    def _claimed(self, client: ClientHandle, packet: Connect, adopted: list[Session]) -> None:
         """The session directory answered: adopt what came, then connect."""
         client_id = packet.client_id
         if self.pending.get(client_id) is client:
@@ -112,7 +146,7 @@ class Connects:
             return
         self._connect_claimed(client, packet, adopted)
 
-    def _connect_claimed(self, client: ClientProtocol, packet: Connect,
+    def _connect_claimed(self, client: ClientHandle, packet: Connect,
                          adopted: list[Session]) -> None:
         if client.gone:  # the new connection went away meanwhile: what it adopted waits here
             for session in adopted:
@@ -131,7 +165,7 @@ class Connects:
         if client is not None:
             self._supersede(client)
 
-    def _supersede(self, client: ClientProtocol) -> None:
+    def _supersede(self, client: ClientHandle) -> None:
         log.info("connection superseded by a newer one for the same client id client_id=%s "
                  "peer=%s", client.client_id or "-", client.peer)
         client.close_reason = "superseded before CONNACK"
@@ -140,7 +174,7 @@ class Connects:
 
     # ------------------------------------------------------------------ accepting
 
-    def accept(self, client: ClientProtocol, packet: Connect, claimed: bool) -> None:
+    def accept(self, client: ClientHandle, packet: Connect, claimed: bool) -> None:
         """Connect ``client`` to its session (resumed or new) and send CONNACK. ``claimed``:
         the session directory has this router down as the session's holder already."""
         broker = self.broker
@@ -165,7 +199,7 @@ class Connects:
         now = self.loop.time()
         lifecycle = broker.lifecycle
         existing = broker.sessions.get(client_id)
-        if existing is not None and isinstance(existing.client, ClientProtocol):
+        if existing is not None and is_handle(existing.client):
             lifecycle.take_over(existing.client)
             existing = broker.sessions.get(client_id)
         registered = claimed  # a claim registered this router as the session's holder
@@ -188,7 +222,7 @@ class Connects:
         conn.outgoing_alias_maximum = cfg.broker_topic_aliases
         block = self._connack_block(packet, assigned, keep_alive, expiry) if v5 else None
         conn.send_connack(0, session_present, block)
-        broker.counters["connects"] += 1
+        broker.counters.connects += 1
         client.connected(keep_alive)
         level = lifecycle.connection_log_level
         if log.isEnabledFor(level):  # (the fields cost more than the check, per CONNECT)
@@ -272,9 +306,9 @@ class Connects:
                 props[pid] = 0
         return props
 
-    def reject(self, client: ClientProtocol, code: int, why: str) -> None:
+    def reject(self, client: ClientHandle, code: int, why: str) -> None:
         broker = self.broker
-        broker.counters["rejected"] += 1
+        broker.counters.rejected += 1
         log.info("connection refused peer=%s reason=0x%02X why=%r", client.peer, code, why)
         client.rejected = True
         client.conn.send_connack(code)

@@ -1,7 +1,7 @@
 """What the broker keeps across restarts: persistent sessions and retained messages.
 
 Translates between the broker's objects and the JSON entries of the ``StateStore``
-(statestore.py). A session is stored while its expiry interval is non-zero: its expiry, user
+(state/store.py). A session is stored while its expiry interval is non-zero: its expiry, user
 name, will, subscriptions, the time it went offline and its cursor into the commit log (the
 first offset per partition it may still need, ``Session.log_cursor()``). Cursors of connected
 sessions are checkpointed every ``CHECKPOINT_SECONDS``; after a crash a session resumes from
@@ -18,7 +18,7 @@ import logging
 import shutil
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshmq.broker.message import Message
 from meshmq.broker.router import SYS_PREFIX
@@ -31,10 +31,13 @@ from meshmq.broker.snapshot import (
     options_to_json,
     will_to_json,
 )
-from meshmq.broker.statestore import COMPACT_BYTES, Done, State, StateError, StateStore
+from meshmq.state.store import COMPACT_BYTES, Done, State, StateError, StateStore
 
 if TYPE_CHECKING:
-    from meshmq.broker.broker import Broker
+    import asyncio
+
+    from meshmq.broker.retained import RetainedStore
+    from meshmq.config import BrokerConfig
 
 log = logging.getLogger("meshmq.state")
 
@@ -46,10 +49,22 @@ def _remove_directories(paths: list[Path]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+class KeeperHost(Protocol):
+    """What the keeper needs from the broker it serves (broker.py)."""
+
+    config: BrokerConfig  # ``server.data_dir``
+    loop: asyncio.AbstractEventLoop
+    sessions: dict[str, Session]  # every session here, by client id
+    retained_store: RetainedStore[Message]  # the retained messages this router stores
+
+    def restore_session(self, snapshot: SessionSnapshot) -> None:
+        """Rebuild a stored session at start-up (lifecycle.py)."""
+
+
 class StateKeeper:
     """Journals session and retained changes; restores them at start-up."""
 
-    def __init__(self, broker: Broker, index: int = 0, count: int = 1) -> None:
+    def __init__(self, broker: KeeperHost, index: int = 0, count: int = 1) -> None:
         self.broker = broker
         self.index = index  # this router among the node's ``count`` workers
         self.count = count

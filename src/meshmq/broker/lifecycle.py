@@ -27,10 +27,10 @@ import logging
 import sys
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from meshmq.broker.client import ClientHandle, is_handle
 from meshmq.broker.message import Message
-from meshmq.broker.protocol import ClientProtocol
 from meshmq.broker.session import Session
 from meshmq.broker.snapshot import SessionSnapshot, SnapshotError
 from meshmq.broker.wire import decode_message, encode_message
@@ -40,17 +40,56 @@ from meshmq.mqtt.properties import PropertyId, get_property
 from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
-    from meshmq.broker.broker import Broker
+    import asyncio
+
+    from meshmq.auth.acl import AccessControl
+    from meshmq.broker.counters import Counters
+    from meshmq.broker.interfaces import BrokerEvents, PartitionLog, SessionDirectory
+    from meshmq.broker.keeper import StateKeeper
+    from meshmq.broker.publishes import Publishes
+    from meshmq.broker.router import Router
+    from meshmq.config import BrokerConfig
 
 log = logging.getLogger("meshmq.broker")
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
 
+class PendingConnects(Protocol):
+    """The CONNECTs waiting for a session from elsewhere (connects.py)."""
+
+    def supersede(self, client_id: str) -> None:
+        """A newer connection elsewhere took ``client_id``'s session: close ours."""
+
+
+class LifecycleHost(Protocol):
+    """What the sessions' lifecycle needs from the broker it serves (broker.py)."""
+
+    loop: asyncio.AbstractEventLoop
+    sessions: dict[str, Session]  # every session here, by client id
+    clients: dict[ClientHandle, None]  # every connection
+    config: BrokerConfig  # replaced by a reload: read it when needed, never keep it
+    router: Router
+    acl: AccessControl | None  # None: no ACL file
+    persistence: PartitionLog | None  # the commit log, when it is on
+    directory: SessionDirectory
+    keeper: StateKeeper
+    events: BrokerEvents | None  # webhooks, when configured
+    counters: Counters
+    shutting_down: bool  # a clean stop: no wills
+
+    @property
+    def connects(self) -> PendingConnects: ...
+
+    @property
+    def publishes(self) -> Publishes:
+        """Publishes wills (``publish_unacknowledged``)."""
+
+
 class Lifecycle:
     """The broker's sessions as they come and go (see the module docstring)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: LifecycleHost) -> None:
         self.broker = broker
         self.loop = broker.loop
         self.sessions = broker.sessions
@@ -120,7 +159,7 @@ class Lifecycle:
         the session up (removed from here; its routes stay until the session directory's
         stand-in is dropped), or end it if the new connection starts clean."""
         session = self.sessions.get(client_id)
-        if session is not None and isinstance(session.client, ClientProtocol):
+        if session is not None and is_handle(session.client):
             self.take_over(session.client)
             session = self.sessions.get(client_id)
         if session is None:
@@ -187,7 +226,7 @@ class Lifecycle:
     def discard_session(self, session: Session) -> None:
         """Remove a session from here without a will or redistribution (it lives on
         elsewhere)."""
-        if isinstance(session.client, ClientProtocol):  # (a session's client always is)
+        if is_handle(session.client):  # (a session's client always is)
             self.take_over(session.client)
         cancel_timers(session)
         session.will = None
@@ -214,13 +253,13 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ connections ending
 
-    def take_over(self, old: ClientProtocol) -> None:
+    def take_over(self, old: ClientHandle) -> None:
         old.close_reason = "taken over"
         old.conn.send_disconnect(ReasonCode.SESSION_TAKEN_OVER)
         old.close()
         self.connection_lost(old)
 
-    def on_disconnect(self, client: ClientProtocol, packet: Disconnect) -> None:
+    def on_disconnect(self, client: ClientHandle, packet: Disconnect) -> None:
         client.close_reason = disconnect_reason(packet, client.conn.version)
         session = client.session
         if session is None:
@@ -231,7 +270,7 @@ class Lifecycle:
         if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
             session.will = None  # MQTT-3.1.2-10: a normal DISCONNECT discards the will
 
-    def connection_lost(self, client: ClientProtocol) -> None:
+    def connection_lost(self, client: ClientHandle) -> None:
         """The connection is gone (or taken over): detach, schedule will and expiry."""
         broker = self.broker
         broker.clients.pop(client, None)
@@ -275,7 +314,7 @@ class Lifecycle:
     def publish_will(self, session: Session, will: Any) -> None:
         session.will_handle = None
         session.will = None
-        self.broker.counters["wills"] += 1
+        self.broker.counters.wills += 1
         message = Message.from_will(will, session.client_id, self.loop.time())
         self.broker.publishes.publish_unacknowledged(message, session.client_id)
 
@@ -294,7 +333,7 @@ class Lifecycle:
         broker = self.broker
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
-            broker.counters["ended_drops"] += session.dropped  # the node's drops stay counted
+            broker.counters.ended_drops += session.dropped  # the node's drops stay counted
             broker.keeper.ended(session)
             broker.directory.ended(session)
         broker.router.drop_session(session, now)

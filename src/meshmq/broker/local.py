@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from meshmq.broker.interfaces import Done, Kept, SharedKey
-    from meshmq.broker.keeper import StateKeeper
     from meshmq.broker.message import Message
     from meshmq.broker.retained import RetainedStore
     from meshmq.broker.session import Session
@@ -36,10 +35,17 @@ class LocalPeers:
         done()
 
 
+class RetainedJournal(Protocol):
+    """Where retained changes are made durable: the broker's ``StateKeeper`` (keeper.py)."""
+
+    def retained(self, topic: str, message: Message | None, done: Done | None = None) -> None:
+        """Journal ``topic``'s retained message (None: cleared); ``done()`` once durable."""
+
+
 class LocalRetained:
     """Retained messages in this process's store, journaled by its keeper."""
 
-    def __init__(self, store: RetainedStore[Message], keeper: StateKeeper,
+    def __init__(self, store: RetainedStore[Message], keeper: RetainedJournal,
                  clock: Callable[[], float]) -> None:
         self.store = store
         self.keeper = keeper

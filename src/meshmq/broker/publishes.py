@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from meshmq.broker.interfaces import (
     AppendOutcome,
@@ -47,21 +47,41 @@ from meshmq.mqtt.packets import MQTT_5, Puback, Pubcomp, Publish, Pubrec, Pubrel
 from meshmq.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
-    from meshmq.broker.broker import Broker
-    from meshmq.broker.protocol import ClientProtocol
+    import asyncio
+
+    from meshmq.auth.acl import AccessControl
+    from meshmq.broker.client import ClientHandle
+    from meshmq.broker.counters import Counters
+    from meshmq.broker.interfaces import BrokerEvents, RetainedMessages
+    from meshmq.broker.router import Router
 
 log = logging.getLogger("meshmq.broker")
+
+
+class PublishHost(Protocol):
+    """What the publish path needs from the broker it serves (broker.py)."""
+
+    loop: asyncio.AbstractEventLoop
+    router: Router
+    acl: AccessControl | None  # None: no ACL file
+    events: BrokerEvents | None  # webhooks, when configured
+    persistence: PartitionLog | None  # the commit log, when it is on
+    retained: RetainedMessages
+    counters: Counters
+
+    def protocol_violation(self, client: ClientHandle, code: int, why: str) -> None:
+        """Tell ``client`` (DISCONNECT with ``code``) and close it."""
 
 
 class Publishes:
     """The publish path of one broker (see the module docstring)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: PublishHost) -> None:
         self.broker = broker
         self.loop = broker.loop
         self.router = broker.router
 
-    def on_publish(self, client: ClientProtocol, packet: Publish) -> None:
+    def on_publish(self, client: ClientHandle, packet: Publish) -> None:
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
         conn = client.conn
@@ -89,7 +109,7 @@ class Publishes:
         self._route_and_ack(client, packet, message, now)
 
     def _route_and_ack(
-        self, client: ClientProtocol, packet: Publish, message: Message, now: float
+        self, client: ClientHandle, packet: Publish, message: Message, now: float
     ) -> None:
         receivers = self.router.publish(message, now)
         qos = packet.qos
@@ -100,7 +120,7 @@ class Publishes:
         if qos:
             self._acknowledge(client, packet, receivers)
 
-    def _retained_kept(self, client: ClientProtocol, packet: Publish, receivers: int,
+    def _retained_kept(self, client: ClientHandle, packet: Publish, receivers: int,
                        failure: Refused | Unknown | None) -> None:
         """A retained publish was routed; its store answered: acknowledged only if stored
         (a store that is down refuses it; one that did not answer is an unknown outcome)."""
@@ -116,7 +136,7 @@ class Publishes:
             self._refuse(client, packet, failure.reason_code, "retained message not stored")
             client.wake()
 
-    def _acknowledge(self, client: ClientProtocol, packet: Publish, receivers: int) -> None:
+    def _acknowledge(self, client: ClientHandle, packet: Publish, receivers: int) -> None:
         if client.gone:
             return  # the publisher resends (DUP) on its next connection
         conn = client.conn
@@ -132,7 +152,7 @@ class Publishes:
             conn.send_pubrec(packet_id, code)
         client.wake()
 
-    def _persist(self, client: ClientProtocol, packet: Publish, message: Message,
+    def _persist(self, client: ClientHandle, packet: Publish, message: Message,
                  persistence: PartitionLog) -> None:
         """Append to the commit log; route and acknowledge only once durable."""
         session = client.session
@@ -167,12 +187,13 @@ class Publishes:
             session.release_qos2(packet.packet_id)
             self._refuse(client, packet, ReasonCode.QUOTA_EXCEEDED, "log queue full")
 
-    def _outcome_unknown(self, client: ClientProtocol, packet: Publish,
+    def _outcome_unknown(self, client: ClientHandle, packet: Publish,
                          outcome: Unknown) -> None:
         """Perhaps stored: neither acknowledge nor refuse. The client resends on its next
         connection (with DUP) and the resend carries this attempt's message id."""
         counters = self.broker.counters
-        unknown = counters["unknown_outcomes"] = counters["unknown_outcomes"] + 1
+        counters.unknown_outcomes += 1
+        unknown = counters.unknown_outcomes
         if unknown == 1 or unknown % 1000 == 0:  # one line per outage, not one per publish
             log.warning("publish outcome unknown, closing the connection so that the client "
                         "resends client_id=%s topic=%r why=%r count=%d", client.client_id,
@@ -243,9 +264,10 @@ class Publishes:
         if message.retain:
             self.broker.retained.keep(message, None)
 
-    def _persist_failed(self, client: ClientProtocol, packet: Publish, outcome: Refused) -> None:
+    def _persist_failed(self, client: ClientHandle, packet: Publish, outcome: Refused) -> None:
         counters = self.broker.counters
-        failures = counters["log_failures"] = counters["log_failures"] + 1
+        counters.log_failures += 1
+        failures = counters.log_failures
         if failures == 1 or failures % 1000 == 0:  # one line per outage, not one per publish
             log.error("commit log append failed topic=%r error=%r failures=%d", packet.topic,
                       outcome.why, failures)
@@ -256,9 +278,9 @@ class Publishes:
             self._refuse(client, packet, outcome.reason_code, "log failure")
             client.wake()
 
-    def _refuse(self, client: ClientProtocol, packet: Publish, code: int, why: str) -> None:
+    def _refuse(self, client: ClientHandle, packet: Publish, code: int, why: str) -> None:
         """5.0: a negative PUBACK/PUBREC; 3.1.1 cannot say no, so the connection is closed."""
-        self.broker.counters["refused_publishes"] += 1
+        self.broker.counters.refused_publishes += 1
         if client.conn.version != MQTT_5:
             return self.broker.protocol_violation(client, code, why)
         packet_id = packet.packet_id
@@ -269,9 +291,9 @@ class Publishes:
         else:
             client.conn.send_pubrec(packet_id, code)
 
-    def _denied(self, client: ClientProtocol, packet: Publish) -> None:
+    def _denied(self, client: ClientHandle, packet: Publish) -> None:
         """5.0: acknowledge with 0x87; 3.1.1 has no way to say no: acknowledge and drop."""
-        self.broker.counters["acl_denied"] += 1
+        self.broker.counters.acl_denied += 1
         log.info("publish denied client_id=%s topic=%r", client.client_id, packet.topic)
         conn = client.conn
         code = ReasonCode.NOT_AUTHORIZED if conn.version == MQTT_5 else 0
@@ -289,17 +311,17 @@ class Publishes:
 
     # ------------------------------------------------------------------ acknowledgements in
 
-    def on_puback(self, client: ClientProtocol, packet: Puback) -> None:
+    def on_puback(self, client: ClientHandle, packet: Puback) -> None:
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
         session.on_puback(packet.packet_id)  # handle_events refills after the batch
 
-    def on_pubrec(self, client: ClientProtocol, packet: Pubrec) -> None:
+    def on_pubrec(self, client: ClientHandle, packet: Pubrec) -> None:
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
         session.on_pubrec(packet.packet_id, packet.reason_code, self.loop.time())
 
-    def on_pubrel(self, client: ClientProtocol, packet: Pubrel) -> None:
+    def on_pubrel(self, client: ClientHandle, packet: Pubrel) -> None:
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
         known = session.release_qos2(packet.packet_id)
@@ -307,7 +329,7 @@ class Publishes:
             packet.packet_id, 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         )
 
-    def on_pubcomp(self, client: ClientProtocol, packet: Pubcomp) -> None:
+    def on_pubcomp(self, client: ClientHandle, packet: Pubcomp) -> None:
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
         session.on_pubcomp(packet.packet_id, self.loop.time())

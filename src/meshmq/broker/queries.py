@@ -18,22 +18,22 @@ from meshmq.mqtt.topics import parse_shared_filter, topic_matches
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
+    from meshmq.broker.client import ClientHandle
     from meshmq.broker.message import Message
-    from meshmq.broker.protocol import ClientProtocol
     from meshmq.broker.session import Session
 
 PROTOCOLS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 PREVIEW = 256  # payload bytes shown of a retained message
 
 
-def _connected(broker: Broker) -> list[ClientProtocol]:
+def _connected(broker: Broker) -> list[ClientHandle]:
     """Connections past CONNECT whose session is theirs (not closing)."""
     return [c for c in broker.clients
             if c.session is not None and not c.gone and not c.closing
             and c.session.client is c]
 
 
-def client_row(client: ClientProtocol) -> dict[str, Any]:
+def client_row(client: ClientHandle) -> dict[str, Any]:
     session = client.session
     assert session is not None
     return {
@@ -179,14 +179,14 @@ def counters(broker: Broker) -> dict[str, Any]:
         "connections": len(_connected(broker)),
         "sessions_online": online,
         "sessions_offline": len(broker.sessions) - online,
-        "dropped_queue_full": dropped + broker.counters["ended_drops"],
+        "dropped_queue_full": dropped + broker.counters.ended_drops,
         "inflight": inflight, "queued": queued, "queued_bytes": queued_bytes,
         "catching_up": catching_up,
         "subscriptions": subscribed,
         "shared_groups": len(router.shared),
         "retained": broker.local_retained.count(),
         "routed": list(router.routed_qos), "delivered": list(router.delivered_qos),
-        "counters": dict(broker.counters),
+        "counters": broker.counters.as_dict(),
         "connect_refused_rate": broker.connect_limiter.statistics()["connect_refused_rate"]
         if broker.connect_limiter is not None else 0,
         "time": time.time(),

@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from meshmq.broker.catchup import CatchUp
+from meshmq.broker.catchup import CatchUp, LogReader
 from meshmq.broker.message import Message
 from meshmq.broker.retainwindow import RetainedWindow
+from meshmq.broker.subscription import Subscription
 from meshmq.mqtt.codec import encode_properties, encode_publish, with_topic_alias
-from meshmq.mqtt.packets import MQTT_5, SubscriptionOptions, Will
+from meshmq.mqtt.packets import MQTT_5, Will
 from meshmq.mqtt.properties import PropertyId
 from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import parse_shared_filter, topic_matches
@@ -51,7 +52,6 @@ from meshmq.mqtt.topics import parse_shared_filter, topic_matches
 if TYPE_CHECKING:
     import asyncio
 
-    from meshmq.broker.interfaces import PartitionLog
     from meshmq.config import SessionConfig
     from meshmq.mqtt.connection import ServerConnection
 
@@ -94,12 +94,6 @@ class QueueEntry(NamedTuple):
     dup: bool  # may have been sent before (a resend)
 
 CATCHUP_QUEUE = 1000  # a catch-up refills the queue up to this many messages
-
-
-@dataclass(slots=True, frozen=True)
-class Subscription:
-    options: SubscriptionOptions
-    subscription_id: int | None = None
 
 
 class Outbound:
@@ -192,7 +186,7 @@ class Session:
         self.username: str | None = None
         self.may_receive: Callable[[str], bool] | None = None  # ACL read check, when ACLs are on
         self._unsent = 0  # inflight PUBLISHes not yet resent on the current connection
-        self.persistence: PartitionLog | None = None  # the commit log, when it is on
+        self.persistence: LogReader | None = None  # the commit log, when it is on
         self.catchup: CatchUp | None = None  # reading persisted messages from the log
         self.detached_at: int | None = None  # wall clock ms when it went offline
         self.retained_window: RetainedWindow | None = None  # retained lookups in progress

@@ -3,7 +3,7 @@
 A ``SessionSnapshot`` is what survives a session's connection: expiry, user name, will,
 subscriptions, when it went offline and its cursor into the commit log. The state store keeps
 it as a JSON record (``record()`` / ``from_record()``, a line of the journal or an entry of the
-snapshot file, broker/statestore.py). A session handed to another worker (cluster/directory.py)
+snapshot file, state/store.py). A session handed to another worker (cluster/directory.py)
 is the same record plus its *live* state, what only a running session has: unacknowledged and
 queued messages, packet ids, inbound QoS 2 state and its catch-up's per-filter positions
 (``encode()`` / ``decode()``: the messages as their one body, broker/wire.py, then the record

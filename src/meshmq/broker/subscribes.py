@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from meshmq.broker.replay import (
     REPLAY_PROPERTY,
@@ -41,25 +41,52 @@ from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import has_wildcard, parse_shared_filter, validate_topic_filter
 
 if TYPE_CHECKING:
-    from meshmq.broker.broker import Broker
+    import asyncio
+
+    from meshmq.auth.acl import AccessControl
+    from meshmq.broker.client import ClientHandle
+    from meshmq.broker.counters import Counters
+    from meshmq.broker.interfaces import PartitionLog, Peers, RetainedMessages
+    from meshmq.broker.keeper import StateKeeper
     from meshmq.broker.message import Message
-    from meshmq.broker.protocol import ClientProtocol
+    from meshmq.broker.router import Router
     from meshmq.broker.session import Session
+    from meshmq.config import BrokerConfig
 
 log = logging.getLogger("meshmq.broker")
 
 Retained = list[tuple[str, Subscription]]  # (plain filter, subscription) wanting retained
 
 
+class SubscribeHost(Protocol):
+    """What the subscription path needs from the broker it serves (broker.py)."""
+
+    loop: asyncio.AbstractEventLoop
+    router: Router
+    config: BrokerConfig  # replaced by a reload: read it when needed, never keep it
+    acl: AccessControl | None  # None: no ACL file
+    persistence: PartitionLog | None  # the commit log, when it is on
+    retained: RetainedMessages
+    keeper: StateKeeper  # journals a persistent session's subscriptions
+    counters: Counters
+
+    @property
+    def peers(self) -> Peers:
+        """The node's other routers (``barrier``)."""
+
+    def protocol_violation(self, client: ClientHandle, code: int, why: str) -> None:
+        """Tell ``client`` (DISCONNECT with ``code``) and close it."""
+
+
 class Subscribes:
     """The subscription path of one broker (see the module docstring)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: SubscribeHost) -> None:
         self.broker = broker
         self.loop = broker.loop
         self.router = broker.router
 
-    def on_subscribe(self, client: ClientProtocol, packet: Subscribe) -> None:
+    def on_subscribe(self, client: ClientHandle, packet: Subscribe) -> None:
         broker = self.broker
         cfg = broker.config.mqtt
         session = client.session
@@ -125,7 +152,7 @@ class Subscribes:
         else:
             journaled(stored)
 
-    def _check(self, client: ClientProtocol, session: Session, topic_filter: str,
+    def _check(self, client: ClientHandle, session: Session, topic_filter: str,
                no_local: bool) -> int | None:
         """0 if ``topic_filter`` may be subscribed to, else its SUBACK reason code (None: a
         protocol violation closed the connection)."""
@@ -149,7 +176,7 @@ class Subscribes:
             return ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
         acl = broker.acl
         if acl is not None and not acl.can_subscribe(session.username, session.client_id, plain):
-            broker.counters["acl_denied"] += 1
+            broker.counters.acl_denied += 1
             log.info("subscribe denied client_id=%s filter=%r", session.client_id, plain)
             return ReasonCode.NOT_AUTHORIZED
         if self._quota_full(session, topic_filter):
@@ -175,7 +202,7 @@ class Subscribes:
         limit = self.broker.config.limits.max_subscriptions
         if not limit or topic_filter in session.subscriptions or len(session.subscriptions) < limit:
             return False
-        self.broker.counters["subscription_quota"] += 1
+        self.broker.counters.subscription_quota += 1
         log.info("subscription refused, quota full client_id=%s filter=%r max=%d",
                  session.client_id, topic_filter, limit)
         return True
@@ -277,7 +304,7 @@ class Subscribes:
 
     # ------------------------------------------------------------------ unsubscribe
 
-    def on_unsubscribe(self, client: ClientProtocol, packet: Unsubscribe) -> None:
+    def on_unsubscribe(self, client: ClientHandle, packet: Unsubscribe) -> None:
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
         codes: list[int] = []

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from meshmq import __version__
 from meshmq.broker.message import Message
 
 if TYPE_CHECKING:
-    from meshmq.broker.broker import Broker
+    from meshmq.broker.interfaces import BrokerEvents, NodeStatistics, RetainedMessages
+    from meshmq.broker.router import Router
+    from meshmq.broker.session import Session
 
 PREFIX = "$SYS/broker/"
 CATCH_UP = 0.02  # seconds between the leader's publishes while peers' first figures are due
@@ -49,7 +51,18 @@ TOPICS = {
 }
 
 
-def local_counts(broker: Broker) -> dict[str, int]:
+class SysHost(Protocol):
+    """What ``$SYS`` needs from the broker it serves (broker.py)."""
+
+    loop: asyncio.AbstractEventLoop
+    sessions: dict[str, Session]
+    router: Router  # publishes the topics; counts what was routed and delivered
+    retained: RetainedMessages
+    events: BrokerEvents | None  # webhooks, when configured: their counters too
+    statistics_sink: NodeStatistics  # the node's totals (several workers: one adds up)
+
+
+def local_counts(broker: SysHost) -> dict[str, int]:
     """This process's share of the node's counters (``forwarded``: its peers add theirs)."""
     connected = dropped = subscriptions = 0
     for session in broker.sessions.values():  # one pass per interval
@@ -78,7 +91,7 @@ def local_counts(broker: Broker) -> dict[str, int]:
 class SysTopics:
     """The node's ``$SYS/broker/...`` topics, published by the router that adds them up."""
 
-    def __init__(self, broker: Broker, interval: float) -> None:
+    def __init__(self, broker: SysHost, interval: float) -> None:
         self.broker = broker
         self.interval = interval
         self.started = time.monotonic()

@@ -36,7 +36,7 @@ import socket
 import struct
 from typing import TYPE_CHECKING
 
-from meshmq.broker.layer import stream_transport
+from meshmq.broker.transport.layer import stream_transport
 from meshmq.cluster.mesh import SOCKET_HIGH_WATER, SOCKET_LOW_WATER
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from typing import Any
 
 from meshmq.auth.acl import ACLFileError, read_acl_file
 from meshmq.auth.passwords import PasswordFileError, read_password_file
-from meshmq.broker.tls import TLSConfigError, build_server_context
+from meshmq.broker.transport.certificates import TLSConfigError, build_server_context
 from meshmq.config import BrokerConfig, ConfigError, config_reference, load_config
 from meshmq.logsetup import kv
 

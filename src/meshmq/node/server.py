@@ -1,6 +1,6 @@
 """Start and stop a broker node: listeners, signals, the event loop (uvloop when available).
 
-With ``server.workers`` above 1, ``run_server`` hands over to the supervisor
+With ``server.workers`` above 1, ``meshmq serve`` (run.py) hands over to the supervisor
 (``supervisor.py``), which starts that many worker processes; each runs ``run_worker``: the same
 broker core, given the cluster's versions of its interfaces (cluster/workers.py), listening on
 the shared ports (SO_REUSEPORT) and linked to the other workers. This module is where the core
@@ -15,111 +15,27 @@ import ipaddress
 import logging
 import os
 import signal
-import socket
-import tempfile
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshmq.auth.acl import ACLFileError
-from meshmq.auth.passwords import PasswordFileError
 from meshmq.broker.broker import Broker
-from meshmq.broker.listeners import ListenerError, Listeners
-from meshmq.broker.statestore import StateError
-from meshmq.broker.tls import TLSConfigError
-from meshmq.cluster.sockets import MeshError
-from meshmq.cluster.spec import WorkerSpec, resolve_workers
+from meshmq.broker.transport.listeners import Listeners
+from meshmq.cluster.spec import WorkerSpec
 from meshmq.cluster.workers import WorkerCluster
-from meshmq.config import BrokerConfig, listen_address, redact_url, split_listen
-from meshmq.log.errors import LogConfigError, LogError
+from meshmq.config import BrokerConfig, listen_address, redact_url
 from meshmq.logsetup import kv
 from meshmq.node.admin import AdminError
 from meshmq.node.admin.views import WorkerViews
 from meshmq.node.descriptors import raise_file_limit, reserve_descriptors
-from meshmq.node.reload import ConfigReloader, ConfigSource
+from meshmq.node.reload import ConfigReloader
+from meshmq.node.startup import StartupError, prepare_data_dir, starting
 from meshmq.node.webhooks import CLOSE_GRACE, Webhooks
 
 if TYPE_CHECKING:
     from meshmq.node.admin.app import AdminServer
 
 log = logging.getLogger("meshmq.server")
-
-
-class DataDirError(Exception):
-    """``server.data_dir`` cannot be used; the message is one line naming the path and why."""
-
-
-def prepare_data_dir(data_dir: str) -> None:
-    """Create ``data_dir`` if missing and check that this process can write in it.
-
-    Raises ``DataDirError`` (the caller exits with status 2). Called before anything opens a
-    file there, so a bad directory is one clear line, not a failure deep in the state store.
-    """
-    path = Path(data_dir)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise DataDirError(f"server.data_dir: {data_dir} is a file, not a directory") from None
-    except NotADirectoryError:
-        blocker = next((parent for parent in path.parents if parent.exists()), path)
-        raise DataDirError(f"server.data_dir: cannot create {data_dir}: {blocker} is a file,"
-                           " not a directory") from None
-    except OSError as exc:
-        raise DataDirError(f"server.data_dir: cannot create {data_dir}:"
-                           f" {exc.strerror or exc}") from None
-    try:  # the only honest test of "writable": write (root passes every mode bit check)
-        with tempfile.TemporaryFile(dir=path, prefix=".meshmq-write-check-"):
-            pass
-    except OSError as exc:
-        raise DataDirError(f"server.data_dir: {data_dir} is not writable:"
-                           f" {exc.strerror or exc}") from None
-
-
-class BindError(Exception):
-    """A bind host does not resolve; the message is one line naming its key."""
-
-
-def check_bind_hosts(config: BrokerConfig) -> None:
-    """Resolve every address the node will listen on, once, before anything starts.
-
-    Raises ``BindError`` (the caller exits with status 2): a name that does not resolve is a
-    configuration error naming the key to fix, not a listener failing with the resolver's bare
-    error number (``Unknown error -2``). A temporary resolver failure is reported the same way,
-    its reason in the line: the node cannot listen until the name resolves.
-    """
-    for key, host in _bind_hosts(config):
-        try:
-            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        except socket.gaierror as exc:
-            raise BindError(f"{key}: cannot resolve {host!r} ({exc.strerror})") from None
-
-
-def _bind_hosts(config: BrokerConfig) -> list[tuple[str, str]]:
-    """(key, host) of each address listened on: server.bind (or its default), the enabled
-    listeners' own binds, the admin listener's host."""
-    hosts = [("server.bind", listen_address(config))]
-    for name in ("tls", "ws", "wss"):
-        section = getattr(config, name)
-        if section.enabled and section.bind:
-            hosts.append((f"{name}.bind", section.bind))
-    if config.admin.listen:
-        hosts.append(("admin.listen", split_listen(config.admin.listen)[0]))
-    return hosts
-
-
-def _start_error(exc: OSError, data_dir: str) -> tuple[str, int]:
-    """The line and exit status for an ``OSError`` that escaped start-up (listeners have
-    their own errors): a file in the data directory (status 2, as a bad data_dir) or other."""
-    filename = exc.filename if isinstance(exc.filename, str) else None
-    reason = exc.strerror or str(exc)
-    if isinstance(exc, FileExistsError) and filename and not Path(filename).is_dir():
-        reason = "a file is where a directory should be"  # what mkdir(exist_ok=True) says
-    if filename is None:
-        return f"cannot start: {reason}", 1
-    inside = Path(filename).absolute().is_relative_to(Path(data_dir).absolute())
-    if inside:
-        return f"server.data_dir: cannot use {filename}: {reason}", 2
-    return f"cannot start: {filename}: {reason}", 1
 
 
 class BrokerServer:
@@ -293,31 +209,13 @@ async def serve(
     """
     server = BrokerServer(config, worker, reloader)
     try:
-        await server.start()
-    except (PasswordFileError, ACLFileError, LogConfigError, TLSConfigError,
-            DataDirError) as exc:
-        log.error("%s", exc)
-        return 2
-    except ListenerError as exc:
-        log.error("%s", exc)
-        return 1
-    except AdminError as exc:
-        log.error("%s", exc)
-        await server.stop()
-        return exc.status
-    except LogError as exc:
-        log.error("cannot open the commit log: %s (%s)", exc, exc.remedy(config.server.data_dir))
-        return 1
-    except StateError as exc:
-        log.error("cannot read the broker state: %s", exc)
-        return 1
-    except MeshError as exc:
-        log.error("%s", exc)
-        return 1
-    except OSError as exc:  # not from a listener: those raise ListenerError
-        line, code = _start_error(exc, config.server.data_dir)
-        log.error("%s", line)
-        return code
+        with starting(config.server.data_dir):
+            await server.start()
+    except StartupError as error:
+        log.error("%s", error)
+        if isinstance(error, AdminError):  # the broker and its listeners are up: stop them
+            await server.stop()
+        return error.exit_status
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -331,20 +229,8 @@ async def serve(
     return 0
 
 
-def run_server(config: BrokerConfig, source: ConfigSource | None = None) -> int:
-    """Blocking entry point used by ``meshmq serve``; ``source``: where ``config`` came from
-    (SIGHUP reads it again)."""
-    try:
-        check_bind_hosts(config)  # before the supervisor forks: one line for the node
-    except BindError as exc:
-        log.error("%s", exc)
-        return 2
-    count = resolve_workers(config.server.workers)
-    if count > 1:
-        from meshmq.node.supervisor import supervise
-
-        return supervise(config, count, source)
-    reloader = ConfigReloader(source, config) if source is not None else None
+def run_node(config: BrokerConfig, reloader: ConfigReloader | None = None) -> int:
+    """Blocking entry point of a node of one process (``meshmq serve``, run.py)."""
     return _run(serve(config, reloader=reloader))
 
 

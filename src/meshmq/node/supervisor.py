@@ -52,18 +52,25 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshmq.auth.acl import ACLFileError, read_acl_file
-from meshmq.auth.passwords import PasswordFileError, read_password_file
-from meshmq.broker.listeners import listener_specs
+from meshmq.auth.acl import read_acl_file
+from meshmq.auth.passwords import read_password_file
 from meshmq.broker.persistence import parse_fsync_rules
-from meshmq.broker.tls import TLSConfigError, build_server_context
+from meshmq.broker.transport.certificates import build_server_context
+from meshmq.broker.transport.listeners import listener_specs
 from meshmq.cluster.spec import WorkerSpec, share_node_limits
 from meshmq.config import BrokerConfig, split_listen
 from meshmq.log.commit_log import lock_node_log
-from meshmq.log.errors import LogConfigError, LogError
+from meshmq.log.errors import LogError
 from meshmq.logsetup import set_worker
 from meshmq.node.reload import ConfigReloader, ConfigSource
-from meshmq.node.server import DataDirError, prepare_data_dir, run_worker
+from meshmq.node.server import run_worker
+from meshmq.node.startup import (
+    CANNOT_START,
+    StartupError,
+    log_unusable,
+    prepare_data_dir,
+    starting,
+)
 
 log = logging.getLogger("meshmq.supervisor")
 
@@ -78,8 +85,11 @@ RECHECK = 1.0  # longest wait in select: children are reaped even if a wakeup by
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-class ReservationError(Exception):
-    """A listener's port cannot be bound; the message is one line naming it."""
+class ReservationError(StartupError):
+    """A listener's port cannot be bound; the message is one line naming it (exit status 1)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, CANNOT_START)
 
 
 # ---------------------------------------------------------------------- ports
@@ -207,6 +217,17 @@ def check_files(config: BrokerConfig) -> None:
     if any(spec.tls for spec in listener_specs(config)):
         build_server_context(config.tls)
     parse_fsync_rules(config.log.fsync_rules)  # every worker opens log partitions
+
+
+def lock_log(config: BrokerConfig) -> int | None:
+    """With ``log.enabled``: take the node's commit log lock (each worker opens the partitions
+    it leads); its fd, to close when the node stops. ``StartupError`` if the log is unusable."""
+    if not config.log.enabled:
+        return None
+    try:
+        return lock_node_log(config.server.data_dir, config.log.partitions)
+    except LogError as exc:
+        raise log_unusable(exc, config.server.data_dir) from None
 
 
 # ---------------------------------------------------------------------- crashes
@@ -533,25 +554,19 @@ def supervise(config: BrokerConfig, count: int, source: ConfigSource | None = No
 
     Blocking, and must be called from the main thread of a process that has no other thread.
     """
-    log_lock: int | None = None
+    sockets: list[socket.socket] = []
     try:
-        check_files(config)
-        prepare_data_dir(config.server.data_dir)
-        worker_config, sockets = reserve_ports(config)
-        worker_config = share_node_limits(worker_config, count)
-    except (PasswordFileError, ACLFileError, TLSConfigError, DataDirError, LogConfigError,
-            ReservationError) as exc:
-        log.error("%s", exc)
-        return 1 if isinstance(exc, ReservationError) else 2
-    try:
-        if config.log.enabled:  # the node's log: each worker opens the partitions it leads
-            log_lock = lock_node_log(config.server.data_dir, config.log.partitions)
-    except LogError as exc:
+        with starting(config.server.data_dir):
+            check_files(config)
+            prepare_data_dir(config.server.data_dir)
+            worker_config, sockets = reserve_ports(config)
+            worker_config = share_node_limits(worker_config, count)
+        log_lock = lock_log(config)
+    except StartupError as error:
         for sock in sockets:
             sock.close()
-        log.error("cannot open the commit log: %s (%s)", exc,
-                  exc.remedy(config.server.data_dir))
-        return 2 if isinstance(exc, LogConfigError) else 1
+        log.error("%s", error)
+        return error.exit_status
     try:
         reloader = None if source is None else ConfigReloader(
             source, config, lambda loaded: share_node_limits(loaded, count))

@@ -7,11 +7,12 @@ asks every worker through the mesh (cluster/admin.py) and each worker answers fr
 
 from __future__ import annotations
 
+from meshmq.node.startup import CANNOT_START, StartupError
 
-class AdminError(Exception):
+
+class AdminError(StartupError):
     """The admin listener cannot start; the message is one line naming the problem, and
-    ``status`` the exit status (2: a bad file in the configuration)."""
+    ``exit_status`` the exit status (2: a bad file in the configuration)."""
 
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
+    def __init__(self, message: str, status: int = CANNOT_START) -> None:
+        super().__init__(message, status)

@@ -19,7 +19,7 @@ from meshmq.log.writer import FSYNC_BUCKETS
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
-    from meshmq.broker.listeners import Listeners
+    from meshmq.broker.transport.listeners import Listeners
     from meshmq.cluster.workers import WorkerCluster
 
 Samples = dict[str, dict[str, float]]

@@ -23,7 +23,7 @@ from meshmq.node.admin.collect import own_log, worker_samples
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
-    from meshmq.broker.listeners import Listeners
+    from meshmq.broker.transport.listeners import Listeners
     from meshmq.cluster.workers import WorkerCluster
 
 

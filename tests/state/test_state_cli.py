@@ -15,9 +15,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshmq.broker.statefiles import apply, empty_state
-from meshmq.broker.statestore import StateStore
 from meshmq.cli import main
+from meshmq.state.files import apply, empty_state
+from meshmq.state.store import StateStore
 
 
 def cli(*args: str) -> tuple[int, str, str]:

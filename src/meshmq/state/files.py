@@ -8,7 +8,7 @@ they are read.
   one subscription, one retained topic), so applying a line twice gives the same state, and a
   line skipped loses only its own change.
 
-The broker (``statestore.py``) and ``meshmq state verify|repair`` (``statecheck.py``) read the
+The store (``store.py``) and ``meshmq state verify|repair`` (``check.py``) read the
 files with these functions only: one reader of the format.
 """
 

@@ -49,9 +49,9 @@ from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
-from meshmq.broker.admission import Ticket
-from meshmq.broker.layer import StackedLayer, stream_transport
-from meshmq.broker.linger import close_gracefully
+from meshmq.broker.transport.admission import Ticket
+from meshmq.broker.transport.layer import StackedLayer, stream_transport
+from meshmq.broker.transport.linger import close_gracefully
 from meshmq.mqtt.codec import parse_fixed_header
 from meshmq.mqtt.errors import InsufficientData, MalformedPacket
 

@@ -30,10 +30,10 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from meshmq.broker.certauth import certify
-from meshmq.broker.layer import stream_transport
-from meshmq.broker.linger import close_gracefully
 from meshmq.broker.ratelimit import ClientThrottle
+from meshmq.broker.transport.certauth import certify
+from meshmq.broker.transport.layer import stream_transport
+from meshmq.broker.transport.linger import close_gracefully
 from meshmq.mqtt.connection import ServerConnection
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.packets import Packet, PacketType
@@ -142,7 +142,7 @@ class ClientProtocol(asyncio.Protocol):
         conn = self.conn
         broker = self.broker
         self.last_read = now = broker.loop.time()
-        broker.counters["bytes_in"] += len(data)  # per read, not per packet
+        broker.counters.bytes_in += len(data)  # per read, not per packet
         conn.receive_data(data)
         events = conn.events_received()
         if self.throttle is not None:
@@ -254,7 +254,7 @@ class ClientProtocol(asyncio.Protocol):
         transport = self.transport
         if data and transport is not None and not self.closing and not transport.is_closing():
             transport.write(data)
-            self.broker.counters["bytes_out"] += len(data)  # per write, not per packet
+            self.broker.counters.bytes_out += len(data)  # per write, not per packet
             buffered = transport.get_write_buffer_size()
             if buffered > WRITE_HARD_LIMIT and "backlog" not in self._read_pauses:
                 self._backlogged(buffered)
@@ -331,7 +331,7 @@ class ClientProtocol(asyncio.Protocol):
             return False
         throttle.start_pause(now)
         counters = self.broker.counters
-        counters["throttled"] = counters.get("throttled", 0) + 1
+        counters.throttled += 1
         self._waiting = waiting
         self._pause_reading("rate")
         delay = throttle.wait_time(len(waiting), now)
@@ -402,7 +402,7 @@ class ClientProtocol(asyncio.Protocol):
         reconnecting; nothing it was told is stored is lost.
         """
         counters = self.broker.counters
-        counters["rate_disconnects"] = counters.get("rate_disconnects", 0) + 1
+        counters.rate_disconnects += 1
         log.warning(
             "client over its rate limit for %gs, disconnecting client_id=%s peer=%s pauses=%d",
             throttle.max_throttle, self.client_id, self.peer, throttle.throttles,
@@ -443,7 +443,7 @@ class ClientProtocol(asyncio.Protocol):
 
     def _log_protocol_error(self, error: RemoteProtocolError) -> None:
         self.close_reason = f"protocol error 0x{error.reason_code:02X}: {error}"
-        self.broker.counters["protocol_errors"] += 1
+        self.broker.counters.protocol_errors += 1
         log.info(
             "protocol error client_id=%s peer=%s reason=0x%02X error=%r",
             self.client_id or "-", self.peer, error.reason_code, str(error),

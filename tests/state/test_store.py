@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from conftest import start_broker
 from failedstart import quoted_command, run_pasted, serve_until_exit
-from meshmq.broker.statefiles import StateError, apply, empty_state
-from meshmq.broker.statestore import StateStore
 from meshmq.mqtt.packets import Puback, Publish
 from meshmq.mqtt.properties import PropertyId
+from meshmq.state.files import StateError, apply, empty_state
+from meshmq.state.store import StateStore
 from rawclient import RawClient
 
 client_ids = st.sampled_from(["a", "b", "c"])

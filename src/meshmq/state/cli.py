@@ -2,7 +2,7 @@
 
 ``verify`` only reads, without the lock, so it works while a broker runs. ``repair`` takes the
 lock of every state directory, so it refuses while a broker runs. ``--data-dir`` defaults to
-``./data``, as ``meshmq serve`` does. ``statecheck.py`` does the work; this module parses
+``./data``, as ``meshmq serve`` does. ``check.py`` does the work; this module parses
 options and prints.
 
 Exit status: 0 clean (or repaired); 1 problems found (``verify``) or left after ``repair``; 2 bad
@@ -18,7 +18,9 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from meshmq.broker.statecheck import (
+from meshmq.config import ServerConfig
+from meshmq.log.render import payload_text
+from meshmq.state.check import (
     DirectoryCheck,
     StateDirectoryError,
     StateProblem,
@@ -27,8 +29,6 @@ from meshmq.broker.statecheck import (
     repair,
     verify,
 )
-from meshmq.config import ServerConfig
-from meshmq.log.render import payload_text
 
 PROG = "meshmq state"
 PREVIEW_BYTES = 80  # of a bad line, in the text report

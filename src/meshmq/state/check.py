@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A data_dir holds one state directory per broker process: ``state`` (a single broker, or worker
 0) and ``state-1``, ``state-2``... for the other workers. ``verify`` reads each one as the
-broker does (``statefiles.py``: the snapshot, then every line of its journal) but goes on past
+broker does (``files.py``: the snapshot, then every line of its journal) but goes on past
 a bad line, so one run finds every problem: a damaged snapshot, damaged journal lines, a torn
 last line (bytes after the last newline: a write a crash interrupted, which the broker itself
 cuts at start-up). It only reads and takes no lock; a directory a running broker holds is
@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from meshmq.broker.statefiles import (
+from meshmq.log.backup import REPAIR_TEMP_SUFFIX, backup_stamp, cut_file
+from meshmq.log.locks import LOCK_FILE, acquire, is_locked
+from meshmq.state.files import (
     SNAPSHOT_FILE,
     StateError,
     empty_state,
@@ -37,8 +39,6 @@ from meshmq.broker.statefiles import (
     read_snapshot,
     scan_journal,
 )
-from meshmq.log.backup import REPAIR_TEMP_SUFFIX, backup_stamp, cut_file
-from meshmq.log.locks import LOCK_FILE, acquire, is_locked
 
 STATE_DIRECTORY = re.compile(r"state(-\d+)?")
 JOURNAL_FILE = re.compile(r"journal-(\d+)\.jsonl")

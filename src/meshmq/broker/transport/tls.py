@@ -35,10 +35,10 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from meshmq.broker.admission import Ticket
-from meshmq.broker.layer import StackedLayer, stream_transport
-from meshmq.broker.linger import close_gracefully
-from meshmq.broker.tls import client_username, describe_handshake_error
+from meshmq.broker.transport.admission import Ticket
+from meshmq.broker.transport.certificates import client_username, describe_handshake_error
+from meshmq.broker.transport.layer import StackedLayer, stream_transport
+from meshmq.broker.transport.linger import close_gracefully
 
 log = logging.getLogger("meshmq.tls")
 

@@ -19,7 +19,7 @@ order with one loop timer, set for the oldest (``LingerDeadlines``): a storm of 
 mass disconnect costs a deque entry per socket, not a libuv timer each. ``Linger`` takes over a
 TCP transport's protocol for that time and hands ``connection_lost`` on to the protocol it
 replaced (the layers above learn of the socket's end as before). The layers with a closing
-handshake do theirs first: TLS sends close_notify, WebSocket a close frame (tlslayer.py,
+handshake do theirs first: TLS sends close_notify, WebSocket a close frame (tls.py,
 websocket.py), then their socket lingers the same way.
 """
 
@@ -29,7 +29,7 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from meshmq.broker.layer import StackedLayer
+from meshmq.broker.transport.layer import StackedLayer
 
 LINGER_SECONDS = 2.0  # longest a closing connection keeps reading what the peer still sends
 LINGER_BYTES = 1_048_576  # most it reads (and drops) from that peer before closing anyway

@@ -28,7 +28,7 @@ anything): a whole entry there is applied and gets its newline; anything else is
 after the journal as it was is kept in ``repair-backup-<UTC time>/`` beside it (the commit
 log's ``backup.py``), and the warning names the copy. A damaged
 line before the end is an error naming the file, the line and ``meshmq state verify|repair``
-(``statecheck.py``). The files and their reading are in ``statefiles.py``.
+(``check.py``). The files and their reading are in ``files.py``.
 
 While a store is loaded it holds the flock on ``.lock`` in its directory: a second broker on the
 same directory, or a ``meshmq state repair``, is refused instead of interleaving writes.
@@ -46,7 +46,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from meshmq.broker.statefiles import (
+from meshmq.log.backup import cut_file
+from meshmq.log.locks import LOCK_FILE, acquire
+from meshmq.state.files import (
     FORMAT_VERSION,
     SNAPSHOT_FILE,
     State,
@@ -57,8 +59,6 @@ from meshmq.broker.statefiles import (
     scan_journal,
     state_tool,
 )
-from meshmq.log.backup import cut_file
-from meshmq.log.locks import LOCK_FILE, acquire
 
 log = logging.getLogger("meshmq.state")
 

@@ -49,15 +49,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from meshmq.broker.acceptq import AcceptQueueWatch, Change, can_watch, queued_connections
-from meshmq.broker.admission import Admission, Decision, NetworkRules, Ticket, Verdict
-from meshmq.broker.certauth import CertificateAuthenticator
-from meshmq.broker.layer import stream_transport
-from meshmq.broker.linger import close_gracefully
-from meshmq.broker.protocol import WRITE_HARD_LIMIT, ClientProtocol
-from meshmq.broker.tls import ServerCertificates
-from meshmq.broker.tlslayer import TLSLayer
-from meshmq.broker.websocket import WebSocketLayer
+from meshmq.broker.transport.acceptq import AcceptQueueWatch, Change, can_watch, queued_connections
+from meshmq.broker.transport.admission import Admission, Decision, NetworkRules, Ticket, Verdict
+from meshmq.broker.transport.certauth import CertificateAuthenticator
+from meshmq.broker.transport.certificates import ServerCertificates
+from meshmq.broker.transport.layer import stream_transport
+from meshmq.broker.transport.linger import close_gracefully
+from meshmq.broker.transport.protocol import WRITE_HARD_LIMIT, ClientProtocol
+from meshmq.broker.transport.tls import TLSLayer
+from meshmq.broker.transport.websocket import WebSocketLayer
 from meshmq.config import listen_address
 from meshmq.mqtt.connection import ServerConnection
 from meshmq.mqtt.errors import NotConnect, RemoteProtocolError
@@ -153,7 +153,7 @@ class WebSocketClientProtocol(ListenerClientProtocol):
         if packets and transport is not None and not self.closing \
                 and not transport.is_closing():
             transport.writelines(packets)  # still one write below, for all of them
-            self.broker.counters["bytes_out"] += sum(map(len, packets))
+            self.broker.counters.bytes_out += sum(map(len, packets))
             buffered = transport.get_write_buffer_size()
             if buffered > WRITE_HARD_LIMIT and "backlog" not in self._read_pauses:
                 self._backlogged(buffered)

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 ``ServerCertificates`` holds the context every new TLS handshake uses (the ``tls`` and ``wss``
-listeners share it). Each accepted connection's ``TLSLayer`` (``tlslayer.py``) wraps its
+listeners share it). Each accepted connection's ``TLSLayer`` (``tls.py``) wraps its
 ``SSLObject`` from the context current at accept, so swapping ``context`` is all a reload
 needs: handshakes that start afterwards use the new certificate, established connections keep
 the SSL state they were created with and are not disturbed.
