@@ -1,13 +1,11 @@
-"""What the fault harness found wrong in today's node, each reproduced by a short test marked
-``xfail(strict=True)``: it fails today and will pass once the broker is fixed (then remove the
-mark). The long suite showed each first (docs/testing.md, "Reading the report").
+"""What the fault harness found wrong in the node, each reproduced by a short test (it failed
+before the fix). The long suite showed each first (docs/testing.md, "Reading the report").
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from nodes import start_nodes
 
 from meshmq.mqtt.packets import Publish
@@ -28,8 +26,6 @@ def connect(port: int, clean: bool) -> tuple[RawClient, bool, int]:
     return client, connack.session_present, int(worker)
 
 
-@pytest.mark.xfail(strict=True, reason="a session handed over between workers comes back "
-                   "from kill -9 with no subscriptions, though CONNACK says session present")
 def test_a_session_moved_between_workers_keeps_its_subscriptions_through_kill_9(
         tmp_path: Path) -> None:
     with start_nodes(tmp_path, 1, workers=2) as nodes:

@@ -27,6 +27,9 @@ filters = st.sampled_from(["x/#", "y/+", "$share/g/z"])
 entries = st.one_of(
     st.builds(lambda c, e: {"op": "session", "client_id": c, "expiry": e, "cursor": [e, e]},
               client_ids, st.integers(0, 10)),
+    st.builds(lambda c, f, q: {"op": "session", "client_id": c, "expiry": 5,
+                               "subs": {f: [q, False, False, 0, None]}},
+              client_ids, filters, st.integers(0, 2)),
     st.builds(lambda c: {"op": "end", "client_id": c}, client_ids),
     st.builds(lambda c, f, q: {"op": "subs", "client_id": c,
                                "subs": {f: None if q < 0 else [q, False, False, 0, None]}},
@@ -70,6 +73,24 @@ def test_journal_and_compaction_give_the_state_applied_in_memory(
     again.close()
     assert state == expected
     assert len(list(directory.glob("state/journal-*.jsonl"))) == 1
+
+
+def test_a_session_line_written_as_it_connects_keeps_its_subscriptions(tmp_path, loop):
+    """A session handed over from another worker has no "subs" lines in this journal: the
+    record written as it connects holds them, and a later update without them (it went
+    offline, a cursor checkpoint) keeps them. Such a session came back from kill -9 with no
+    subscriptions while its CONNACK said session present."""
+    store, _ = reopen(tmp_path, loop)
+    options = [1, False, False, 0, None]
+    store.write({"op": "session", "client_id": "moved", "expiry": 600, "username": None,
+                 "will": None, "detached_at": None, "cursor": None,
+                 "subs": {"t/#": options}})  # keeper.connected: the whole record
+    store.write({"op": "session", "client_id": "moved", "expiry": 600, "will": None,
+                 "detached_at": 5, "cursor": [0, 0]})  # keeper.detached: no subs
+    store.close()
+    again, state = reopen(tmp_path, loop)
+    again.close()
+    assert state["sessions"]["moved"]["subs"] == {"t/#": options}
 
 
 def test_torn_last_line_is_dropped_and_the_rest_kept(tmp_path, loop):

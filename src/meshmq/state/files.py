@@ -6,7 +6,8 @@ they are read.
 * ``journal-<N>.jsonl`` — one JSON object per line, one per change since snapshot ``N``:
   ``{"op": "session"|"end"|"subs"|"retain", ...}``. Every change is a *set* (a session's fields,
   one subscription, one retained topic), so applying a line twice gives the same state, and a
-  line skipped loses only its own change.
+  line skipped loses only its own change. A ``session`` line with ``subs`` (written when the
+  session connects) sets its whole set of subscriptions; one without leaves them as they are.
 
 The store (``store.py``) and ``meshmq state verify|repair`` (``check.py``) read the
 files with these functions only: one reader of the format.
@@ -152,6 +153,10 @@ def check_entry(entry: Any) -> None:
     if entry["op"] == "subs" and not all(
             isinstance(options, list | None) for options in entry["subs"].values()):
         raise ValueError("'subs' entry with bad subscription options")
+    if entry["op"] == "session" and "subs" in entry and not (
+            isinstance(entry["subs"], dict)
+            and all(isinstance(options, list) for options in entry["subs"].values())):
+        raise ValueError("'session' entry with bad subscription options")
 
 
 def apply(state: State, entry: dict[str, Any]) -> None:
@@ -163,6 +168,8 @@ def apply(state: State, entry: dict[str, Any]) -> None:
         for key in ("expiry", "username", "will", "detached_at", "cursor"):
             if key in entry:
                 record[key] = entry[key]
+        if "subs" in entry:  # the whole session as it connected (one handed over from
+            record["subs"] = dict(entry["subs"])  # another worker has no "subs" lines here)
     elif op == "end":
         sessions.pop(entry["client_id"], None)
     elif op == "subs":
