@@ -48,9 +48,6 @@ def test_the_overview_counts_the_retained_messages_the_retained_tab_lists(
     assert total(metrics(broker), "meshmq_retained_messages") == 2
 
 
-@pytest.mark.xfail(strict=True, reason="the $SYS count is broker.retained.count() (broker/"
-                   "systopics.py, broker/local.py), which still counts the $SYS topics; the"
-                   " broker package is being restructured by others and was left alone")
 def test_the_sys_retained_count_leaves_out_the_sys_topics(broker_factory, client_factory) -> None:
     broker = broker_factory(ADMIN + SYS_EVERY)
     publisher = client_factory("retainer")

@@ -11,6 +11,8 @@ from collections.abc import Callable, Collection
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
+from meshmq.broker.message import SYS_PREFIX
+
 if TYPE_CHECKING:
     from meshmq.broker.interfaces import Done, Kept, SharedKey
     from meshmq.broker.message import Message
@@ -72,7 +74,12 @@ class LocalRetained:
         return found
 
     def count(self) -> int:
-        return len(self.store)
+        """The retained messages of clients held here: the broker's own ``$SYS/`` topics are
+        not counted (the Retained tab and the admin API do not list them; a scrape or a
+        ``$SYS`` tick walks only that branch of the store, a dozen topics)."""
+        store = self.store
+        own = sum(1 for message in store.match("$SYS/#") if message.topic.startswith(SYS_PREFIX))
+        return len(store) - own
 
 
 class LocalDirectory:

@@ -33,6 +33,7 @@ _POSITIONED_KEYS = (32, 33)  # ``_frames`` keys of the positioned frames (retain
 PARTITION_PROPERTY = "meshmq-partition"
 OFFSET_PROPERTY = "meshmq-offset"
 POSITIONS_PROPERTY = "meshmq-positions"
+SYS_PREFIX = "$SYS/"  # the broker's own topics: not client traffic, not client retained messages
 
 
 class PositionsRequestError(ValueError):

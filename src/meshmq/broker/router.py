@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from meshmq.broker.local import LocalPeers
-from meshmq.broker.message import Message
+from meshmq.broker.message import SYS_PREFIX, Message
 from meshmq.broker.session import Session, Subscription
 from meshmq.broker.trie import SubscriptionTrie
 from meshmq.mqtt.topics import parse_shared_filter
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 SharedKey = tuple[str, str]  # (group name, filter)
 _NO_GROUPS: dict[SharedKey, SharedGroup] = {}  # never written to: the common "no group" case
-SYS_PREFIX = "$SYS/"
 
 
 class SharedGroup:

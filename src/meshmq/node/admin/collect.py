@@ -96,12 +96,9 @@ def _clients(out: Sampler, broker: Broker, figures: dict[str, Any],
 
 def client_retained(broker: Broker) -> int:
     """The retained messages of clients in this worker's store: what the Retained tab and
-    ``GET /api/v1/retained`` list (queries.retained), so the broker's own ``$SYS/`` topics are
-    left out. Read from the store itself, not from ``figures["retained"]`` (which counts them):
-    a scrape walks only the ``$SYS`` branch of the trie, a dozen topics."""
-    store = broker.retained_store
-    own = sum(1 for message in store.match("$SYS/#") if message.topic.startswith("$SYS/"))
-    return len(store) - own
+    ``GET /api/v1/retained`` list (queries.retained); the broker's own ``$SYS/`` topics are
+    left out (``LocalRetained.count``, the figure ``$SYS`` publishes too)."""
+    return broker.local_retained.count()
 
 
 def _messages(out: Sampler, figures: dict[str, Any]) -> None:
