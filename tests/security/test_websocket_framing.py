@@ -24,7 +24,7 @@ from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
 from conftest import WAIT, BrokerProcess, start_broker
-from meshmq.broker.websocket import WebSocketLayer
+from meshmq.broker.transport.websocket import WebSocketLayer
 from meshmq.mqtt.codec import decode_packet, encode_packet, parse_fixed_header
 from meshmq.mqtt.errors import InsufficientData
 from meshmq.mqtt.packets import (
