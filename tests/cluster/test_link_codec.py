@@ -91,7 +91,7 @@ def messages_in(frame: object) -> list[bytes]:
     if isinstance(frame, Forward | Retain | Deliver):
         return [frame.message]
     if isinstance(frame, Append):
-        return [body for _, _, _, body in frame.entries]
+        return [body for _, _, _, _, body in frame.entries]
     if isinstance(frame, Retained):
         return [body for _, body in frame.found]
     return []
@@ -126,10 +126,11 @@ CASES: list[tuple[object, bytes, bool]] = [
      u("I", 2) + text_bytes("g") + text_bytes("t/#") + text_bytes("h") + text_bytes("+/é")
      + MESSAGE_BODY, False),
     (Forward([], PLAIN_BODY), u("I", 0) + PLAIN_BODY, False),  # the hot case: no groups
-    (Append([(7, "client-é", b"\x01" * 16, MESSAGE_BODY),
-             (8, "", bytes(range(16)), PLAIN_BODY)]),
-     u("IQ", 2, 7) + b"\x01" * 16 + text_bytes("client-é") + blob_bytes(MESSAGE_BODY)
-     + u("Q", 8) + bytes(range(16)) + text_bytes("") + blob_bytes(PLAIN_BODY), True),
+    (Append([(7, "client-é", b"\x01" * 16, False, MESSAGE_BODY),
+             (8, "", bytes(range(16)), True, PLAIN_BODY)]),
+     u("IQ", 2, 7) + b"\x01" * 16 + u("B", 0) + text_bytes("client-é")
+     + blob_bytes(MESSAGE_BODY) + u("Q", 8) + bytes(range(16)) + u("B", 1) + text_bytes("")
+     + blob_bytes(PLAIN_BODY), True),
     (Append([]), u("I", 0), True),
     (Appended([AppendAnswer(7, 0, 3, 2**40, 2, [("g", "t/#")]), AppendAnswer(8, 0x80),
                AppendAnswer(9, 0, 1, 5, 0, [])]),
@@ -239,7 +240,8 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
                                                            unicode_text), max_size=4)),
     FrameType.FORWARD: st.builds(Forward, groups, bodies),
     FrameType.APPEND: st.builds(Append, st.lists(st.tuples(
-        u64s, unicode_text, st.binary(min_size=16, max_size=16), bodies), max_size=3)),
+        u64s, unicode_text, st.binary(min_size=16, max_size=16), st.booleans(), bodies),
+        max_size=3)),
     FrameType.APPENDED: st.builds(Appended, st.lists(st.builds(
         AppendAnswer, u64s, u8s, u32s, u64s, u32s, st.none() | groups), max_size=3)),
     FrameType.RETAIN: st.builds(Retain, u64s, st.booleans(), bodies),
@@ -410,7 +412,7 @@ WITH_TEXT: dict[str, Callable[[bytes], bytes]] = {
     "routes-filter": lambda s: u("IB", 1, 1) + text_bytes("") + s,
     "forward-name": lambda s: u("I", 1) + s + text_bytes("a/#") + MESSAGE_BODY,
     "forward-filter": lambda s: u("I", 1) + text_bytes("g") + s + MESSAGE_BODY,
-    "append-client": lambda s: u("IQ", 1, 1) + bytes(16) + s + blob_bytes(MESSAGE_BODY),
+    "append-client": lambda s: u("IQ", 1, 1) + bytes(17) + s + blob_bytes(MESSAGE_BODY),
     "appended-group": lambda s: u("I", 1) + u("QBIQIB", 1, 0, 0, 0, 0, 1) + u("I", 1) + s
     + text_bytes("f"),
     "query-filter": lambda s: u("QH", 1, 1) + s,

@@ -197,6 +197,30 @@ def test_a_resend_after_an_unknown_outcome_is_recognised_not_stored_twice(
     assert requester.deliveries == {"sub": [b"once"]}  # delivered here once, on the resend
 
 
+def test_only_a_resend_is_looked_up_a_new_publish_is_always_stored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new publish whose id happens to equal a stored one (two workers forked from one
+    process drew the same ids) must be stored, never taken for a resend: only an append that
+    says it is one is looked up."""
+    import meshmq.cluster.partitions as partitions
+
+    net = Net(2, log_dir=tmp_path)
+    leader, requester = net.nodes
+    topic = led_by(leader, 0)
+    partition = leader.leadership.partition_for(topic)
+    monkeypatch.setattr(partitions, "new_message_id", lambda now_ms: bytes(16))  # the same id
+    outcomes: list[AppendOutcome] = []
+    requester.append(topic, b"one", outcomes)
+    net.pump()
+    assert leader.durable() == 1  # stored: its id is remembered
+    requester.append(topic, b"two", outcomes)  # a new publish, the same id
+    net.pump()
+    assert leader.durable() == 1
+    net.pump()
+    assert outcomes == [StoredElsewhere(partition, 0, 0, None),
+                        StoredElsewhere(partition, 1, 0, None)]
+
+
 def test_a_resend_on_the_leaders_own_worker_is_recognised_too(tmp_path: Path) -> None:
     """The session moves with the client: its resend may reach the partition's leader
     itself, which recognises the message id there as well (no second record, nothing routed

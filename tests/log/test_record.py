@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 
@@ -174,3 +175,19 @@ def test_new_records_are_unassigned_with_a_fresh_id() -> None:
     record = Record.new("a/b", b"x", 123, qos=1, retain=True, client_id="c")
     assert record.offset == UNASSIGNED_OFFSET
     assert message_id_timestamp(record.message_id) == 123
+
+
+def test_a_forked_process_draws_message_ids_of_its_own() -> None:
+    """A node's workers are forked from one process: ids they draw in the same millisecond
+    must differ (a partition leader recognises a resend by its id)."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: one id, to the parent, then out at once
+        os.write(write_end, new_message_id(1_000))
+        os._exit(0)
+    os.close(write_end)
+    theirs = os.read(read_end, 16)
+    os.close(read_end)
+    os.waitpid(child, 0)
+    ours = new_message_id(1_000)
+    assert len(theirs) == 16 and theirs != ours

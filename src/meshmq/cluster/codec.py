@@ -189,21 +189,23 @@ class Forward:
 
 
 class AppendEntry(NamedTuple):
-    """One publish of an APPEND. ``message_id`` is the record's id, drawn by the requester:
-    a publish resent after an answer that never came carries the same one, so that the leader
-    recognises a message it stored already (cluster/partitions.py)."""
+    """One publish of an APPEND. ``message_id`` is the record's id, drawn by the requester;
+    ``resend``: a publish resent after an answer that never came, which carries its first
+    attempt's id, so that the leader recognises a message it stored already
+    (cluster/partitions.py)."""
 
     request_id: int
     client_id: str  # the publisher's
     message_id: bytes  # 16 bytes (log/record.py)
+    resend: bool
     message: bytes  # its body (broker/wire.py)
 
 
-_ENTRY = struct.Struct(">Q16sH")  # request id, message id, client id length
+_ENTRY = struct.Struct(">Q16s?H")  # request id, message id, resend, client id length
 _ANSWER = struct.Struct(">QBIQIB")  # request id, status, partition, offset, receivers, local?
 _COUNT = struct.Struct(">I")
 # A named tuple from a tuple of its fields, without its Python-level ``__new__`` (hot paths:
-# ``new_named(AppendEntry, (request_id, client_id, message_id, body))``).
+# ``new_named(AppendEntry, (request_id, client_id, message_id, resend, body))``).
 new_named = tuple.__new__
 
 
@@ -218,9 +220,9 @@ class Append:
     def encode(self) -> bytes:
         parts = [_COUNT.pack(len(self.entries))]
         append, entry, count = parts.append, _ENTRY.pack, _COUNT.pack
-        for request_id, client_id, message_id, message in self.entries:
+        for request_id, client_id, message_id, resend, message in self.entries:
             sender = client_id.encode("utf-8")
-            append(entry(request_id, message_id, len(sender)))
+            append(entry(request_id, message_id, resend, len(sender)))
             append(sender)
             append(count(len(message)))
             append(message)
@@ -234,8 +236,8 @@ class Append:
             pos, size, entries = 4, len(body), []
             unpack_entry, unpack_count = _ENTRY.unpack_from, _COUNT.unpack_from
             for _ in range(number):
-                request_id, message_id, length = unpack_entry(body, pos)
-                pos += 26
+                request_id, message_id, resend, length = unpack_entry(body, pos)
+                pos += 27
                 client_id = body[pos:pos + length].decode("utf-8")
                 pos += length
                 (length,) = unpack_count(body, pos)
@@ -245,7 +247,7 @@ class Append:
                 message = body[pos:pos + length]
                 pos += length
                 entries.append(new_named(AppendEntry, (request_id, client_id, message_id,
-                                                       message)))
+                                                       resend, message)))
         except struct.error:
             raise WireError("body ends early") from None
         except UnicodeDecodeError:

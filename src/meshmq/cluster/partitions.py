@@ -191,6 +191,7 @@ class PartitionedLog(LogAccess):
             self.counters["appends_refused"] += 1
             self.loop.call_soon(done, Refused(ReasonCode.UNSPECIFIED_ERROR, why))
             return True
+        resend = message_id is not None
         if message_id is None:
             message_id = new_message_id(int(time.time() * 1000))
         request_id = self._next_request
@@ -199,7 +200,7 @@ class PartitionedLog(LogAccess):
         outbox = self._outbox.get(leader)
         if outbox is None:
             outbox = self._outbox[leader] = []
-        outbox.append(new_named(AppendEntry, (request_id, client_id, message_id,
+        outbox.append(new_named(AppendEntry, (request_id, client_id, message_id, resend,
                                               self.encode(message))))
         mesh.wake()
         self.counters["appends_forwarded"] += 1
@@ -373,8 +374,8 @@ class PartitionedLog(LogAccess):
         accepted: list[tuple[Message, str, Completion, bytes | None]] = []
         request_ids: list[int] = []
         stored = self._stored
-        for request_id, client_id, message_id, body in frame.entries:
-            known = stored.get(message_id)
+        for request_id, client_id, message_id, resend, body in frame.entries:
+            known = stored.get(message_id) if resend else None
             if known is not None:  # a resend after an answer that never arrived
                 self.counters["appends_recognised"] += 1
                 self._answer(peer, link, AppendAnswer(

@@ -130,6 +130,9 @@ def new_message_id(now_ms: int) -> bytes:
 
 
 _ids = random.Random(os.urandom(32))
+# A forked process (a node's workers) draws from a sequence of its own: ids drawn in the same
+# millisecond by two workers must not be the same.
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
 
 
 def wall_clock_ms() -> int:
