@@ -59,9 +59,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from meshmq.broker.interfaces import (
@@ -96,6 +95,7 @@ if TYPE_CHECKING:
     from meshmq.broker.message import Message
     from meshmq.cluster.leaders import Leadership
     from meshmq.cluster.mesh import Mesh
+    from meshmq.cluster.timers import Timer
     from meshmq.config import LogSettings
     from meshmq.log.record import Record
 
@@ -151,6 +151,10 @@ class PartitionedLog(LogAccess):
         self._next_request = 1
         self._pending: dict[int, _Pending] = {}  # appends waiting for their leader's answer
         self._outbox: dict[int, list[AppendEntry]] = {}  # this turn's appends, per leader
+        # (deadline, last request id) per turn's APPEND frames, in the order they went, and
+        # the one mesh timer for the oldest that still waits for an answer
+        self._deadlines: deque[tuple[float, int]] = deque()
+        self._deadline_timer: Timer | None = None
         self._answers: dict[int, list[AppendAnswer]] = {}  # this turn's answers, per peer
         self._stored: OrderedDict[bytes, _Stored] = OrderedDict()  # by message id, newest last
         # appends whose answer did not come in time, should it come late (by request id)
@@ -218,8 +222,27 @@ class PartitionedLog(LogAccess):
             if not self.mesh.send(leader, Append(entries).encode()):
                 for entry in entries:  # never sent: certainly not stored
                     self._fail(entry.request_id, "its leader went down")
-        last = self._next_request - 1
-        self.mesh.call_at(self.mesh.io.now() + APPEND_TIMEOUT, partial(self._overdue, last))
+        self._deadlines.append((self.mesh.io.now() + APPEND_TIMEOUT, self._next_request - 1))
+        if self._deadline_timer is None:
+            self._arm_deadline()
+
+    def _arm_deadline(self) -> None:
+        """Drop the deadlines of turns whose appends were all answered; set the timer for
+        the oldest turn still waiting (one timer, not one per turn)."""
+        deadlines, pending = self._deadlines, self._pending
+        oldest = next(iter(pending)) if pending else self._next_request
+        while deadlines and deadlines[0][1] < oldest:
+            deadlines.popleft()
+        self._deadline_timer = None if not deadlines else self.mesh.call_at(
+            deadlines[0][0], self._expire_appends)
+
+    def _expire_appends(self) -> None:
+        timer = self._deadline_timer
+        now = max(self.mesh.io.now(), timer.when if timer is not None else 0.0)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            self._overdue(deadlines.popleft()[1])
+        self._arm_deadline()
 
     def _on_appended(self, peer: int, frame: Appended) -> None:
         waiting = self._pending
