@@ -141,7 +141,8 @@ def test_config_command_prints_every_key_as_toml() -> None:
     document = tomllib.loads(result.stdout)
     for key, default, description in config_reference():
         section, name = key.split(".")
-        assert document[section][name] == default
+        assert document[section][name] == (list(default) if isinstance(default, tuple)
+                                           else default)
         assert f"# {description} [" in result.stdout
 
 

@@ -167,7 +167,7 @@ def test_error_message_format() -> None:
         ("[mqtt]\nfoo = 1\n", "unknown key 'mqtt.foo'"),
         ("[server]\nport = 1883\nhost = 'x'\n", "unknown key 'server.host'"),
         ("[mqtt.limits]\nx = 1\n", "unknown key 'mqtt.limits'"),
-        ("[cluster]\nx = 1\n", "unknown table 'cluster'"),
+        ("[replication]\nx = 1\n", "unknown table 'replication'"),
         ("port = 1883\n", "unknown key 'port'"),
         ("server = 1\n", "server: must be a table, got 1"),
     ],
@@ -429,3 +429,58 @@ def test_an_empty_server_bind_is_loopback_while_anonymous_clients_are_allowed(
 ) -> None:
     text = f"[auth]\n{auth}" + (f'[server]\nbind = "{bind}"\n' if bind else "")
     assert listen_address(load_config(write(tmp_path, text))) == address
+
+
+# ---------------------------------------------------------------------------- [cluster]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[log]\nreplication_factor = 3\n',
+     "log.replication_factor: must be 1: partitions are not replicated yet"),
+    ('[log]\nmin_insync_replicas = 2\n',
+     "log.min_insync_replicas: must be at most log.replication_factor (1), got 2"),
+    ('[cluster]\nlisten = "127.0.0.1:7883"\n',
+     "cluster.node_id: required when cluster.listen is set"),
+    ('[cluster]\nnode_id = "n1"\n', "cluster.listen: required when cluster.node_id is set"),
+    ('[cluster]\nnode_id = "n1"\nlisten = "0.0.0.0:7883"\n',
+     "cluster.secret_file: required when cluster.listen (0.0.0.0:7883) is not a loopback"),
+    ('[cluster]\nnode_id = "n1"\nlisten = "10.0.0.1:7883"\n',
+     "cluster.secret_file: required when cluster.listen"),
+    ('[cluster]\nnode_id = "n 1"\nlisten = "127.0.0.1:7883"\n',
+     "cluster.node_id: must be 1 to 63 letters"),
+    ('[cluster]\nnode_id = "n1"\nlisten = "7883"\n', "cluster.listen: must be HOST:PORT"),
+    ('[cluster]\nnode_id = "n1"\nlisten = "127.0.0.1:7883"\nseeds = "10.0.0.2:7883"\n',
+     "cluster.seeds: must be an array of strings, got '10.0.0.2:7883'"),
+    ('[cluster]\nnode_id = "n1"\nlisten = "127.0.0.1:7883"\nseeds = ["10.0.0.2"]\n',
+     "cluster.seeds: must be HOST:PORT"),
+    ('[cluster]\nnode_id = "n1"\nlisten = "127.0.0.1:7883"\nseeds = ["127.0.0.1:7883"]\n',
+     "cluster.seeds: lists only this node's own address"),
+])
+def test_cluster_keys_are_checked_together(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, text))
+    assert str(error.value).startswith(message), str(error.value)
+
+
+def test_a_cluster_node_loads_with_the_contract_keys(tmp_path: Path) -> None:
+    secret = tmp_path / "cluster.secret"
+    secret.write_text("s3cret\n")
+    config = load_config(write(tmp_path, f"""
+[cluster]
+node_id = "n1"
+listen = "0.0.0.0:7883"
+advertise = "10.0.0.1:7883"
+seeds = ["10.0.0.2:7883", "10.0.0.3:7883"]
+secret_file = "{secret}"
+
+[log]
+replication_factor = 1
+min_insync_replicas = 1
+"""))
+    cluster = config.cluster
+    assert cluster.enabled and cluster.seeds == ("10.0.0.2:7883", "10.0.0.3:7883")
+    assert cluster.advertised == "10.0.0.1:7883"
+    assert load_config(overrides={"cluster.node_id": "n2", "cluster.listen": "127.0.0.1:7883",
+                                  "cluster.seeds": "127.0.0.1:7884,127.0.0.1:7885"}
+                       ).cluster.seeds == ("127.0.0.1:7884", "127.0.0.1:7885")
+    assert not load_config().cluster.enabled  # no [cluster]: today's single node

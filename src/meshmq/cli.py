@@ -144,11 +144,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def toml_value(value: object) -> str:
-    """``value`` written as a TOML literal (bool, int, float or str)."""
+    """``value`` written as a TOML literal (bool, int, float, str or an array of strings)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, tuple):
+        return "[" + ", ".join(json.dumps(item) for item in value) + "]"
     return repr(value)
 
 

@@ -13,6 +13,7 @@ that is what flags such as ``--port`` produce.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -102,6 +103,8 @@ class LogSettings:
     retention_bytes: int = -1
     retention_ms: int = 7 * 24 * 3600 * 1000
     queue_size: int = 100_000
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +196,27 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """This node's place in a cluster of nodes (docs/cluster.md); no ``node_id``: no cluster
+    (today's single node, unchanged)."""
+
+    node_id: str = ""
+    listen: str = ""
+    advertise: str = ""
+    seeds: tuple[str, ...] = ()
+    secret_file: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.node_id)
+
+    @property
+    def advertised(self) -> str:
+        """What peers dial: ``advertise``, else ``listen``."""
+        return self.advertise or self.listen
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
@@ -205,17 +229,19 @@ class BrokerConfig:
     wss: SecureWebSocketConfig = field(default_factory=SecureWebSocketConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 _SECTIONS = {
     "server": ServerConfig, "mqtt": MQTTConfig, "session": SessionConfig, "auth": AuthConfig,
     "log": LogSettings, "limits": LimitsConfig, "tls": TLSConfig, "ws": WebSocketConfig,
     "wss": SecureWebSocketConfig, "hooks": HooksConfig, "admin": AdminConfig,
+    "cluster": ClusterConfig,
 }
 
 
 class _Key(NamedTuple):
-    kind: type  # str, int, float or bool
+    kind: type  # str, int, float, bool, or tuple (of strings: an array in TOML)
     # numbers: (low, high), high None = unbounded, low exclusive for floats (unless
     # low_included) and inclusive for ints; str: the accepted strings; None: anything of the
     # right type
@@ -361,6 +387,91 @@ def _check_listen(value: str) -> str:
     return ""
 
 
+def _check_address(value: str) -> str:
+    """A HOST:PORT to dial or listen on for the cluster (empty: unset)."""
+    if not value:
+        return ""
+    try:
+        split_listen(value)
+    except ValueError as exc:
+        return str(exc).replace("127.0.0.1:18083", "10.0.0.1:7883")
+    return ""
+
+
+def _check_addresses(values: tuple[str, ...]) -> str:
+    for value in values:
+        problem = _check_address(value)
+        if problem:
+            return problem
+    return ""
+
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def _check_node_id(value: str) -> str:
+    if value and not _NODE_ID.match(value):
+        return ("must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or"
+                f" digit, got {_show(value)}")
+    return ""
+
+
+def _cluster_keys() -> dict[str, _Key]:
+    return {
+        "cluster.node_id": _Key(
+            str, None, "this node's name in the cluster, unique and stable for its life;"
+            " empty = no cluster (a single node)", _check_node_id),
+        "cluster.listen": _Key(
+            str, None, "HOST:PORT of the node's cluster port (links to other nodes); required"
+            " with cluster.node_id", _check_address),
+        "cluster.advertise": _Key(
+            str, None, "HOST:PORT other nodes dial to reach this one; empty = cluster.listen",
+            _check_address),
+        "cluster.seeds": _Key(
+            tuple, None, "HOST:PORT of some existing members (the rest is learned); empty ="
+            " this node starts a cluster", _check_addresses),
+        "cluster.secret_file": _Key(
+            str, None, "file holding the shared secret every node of the cluster proves it"
+            " knows before any other frame; required when cluster.listen is not a loopback"
+            " address"),
+    }
+
+
+def _is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_cluster(config: BrokerConfig) -> None:
+    """The cluster keys together (one-line ConfigError naming the key to fix)."""
+    cluster, log = config.cluster, config.log
+    if log.replication_factor > 1:
+        raise ConfigError("log.replication_factor: must be 1: partitions are not replicated yet"
+                          f" (one copy per partition), got {log.replication_factor}")
+    if log.min_insync_replicas > log.replication_factor:
+        raise ConfigError(f"log.min_insync_replicas: must be at most log.replication_factor"
+                          f" ({log.replication_factor}), got {log.min_insync_replicas}")
+    if not cluster.enabled:
+        for name in ("listen", "advertise", "seeds", "secret_file"):
+            if getattr(cluster, name):
+                raise ConfigError(f"cluster.node_id: required when cluster.{name} is set")
+        return
+    if not cluster.listen:
+        raise ConfigError("cluster.listen: required when cluster.node_id is set")
+    host, port = split_listen(cluster.listen)
+    if not cluster.secret_file and not _is_loopback_host(host):
+        raise ConfigError(f"cluster.secret_file: required when cluster.listen ({cluster.listen})"
+                          " is not a loopback address: peers must prove they belong")
+    advertised = cluster.advertised
+    if cluster.seeds and advertised in cluster.seeds and len(cluster.seeds) == 1 and port:
+        raise ConfigError("cluster.seeds: lists only this node's own address; name another"
+                          " member, or leave it empty to start a cluster")
+
+
 def _admission_keys(section: str, listener: str) -> dict[str, _Key]:
     """The CIDR rules and connection limits every listener has."""
     return {
@@ -466,6 +577,12 @@ _KEYS: dict[str, _Key] = {
     "log.retention_ms": _Key(int, (-1, None), "age after which segments are deleted; -1 = never"),
     "log.queue_size": _Key(
         int, (1, None), "appends waiting for the writer; beyond it publishes get 0x97"),
+    "log.replication_factor": _Key(
+        int, (1, 100), "copies of each partition across nodes (capped by the node count);"
+        " 1 until partitions are replicated"),
+    "log.min_insync_replicas": _Key(
+        int, (1, 100), "copies that must hold a publish before it is acknowledged; with"
+        " fewer in sync the partition refuses publishes"),
     "limits.connect_rate": _Key(
         int, (0, None), "CONNECTs per second the node accepts (token bucket, split evenly"
         " between workers); above it CONNACK 0x9F (3.1.1: 3); 0 = no limit"),
@@ -536,9 +653,11 @@ _KEYS: dict[str, _Key] = {
         str, None, "PEM certificate (chain): serve the admin listener over HTTPS; empty ="
         " plain HTTP"),
     "admin.keyfile": _Key(str, None, "PEM private key of admin.certfile; empty = in certfile"),
+    **_cluster_keys(),
 }
 
-_TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+_TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+               tuple: "an array of strings"}
 
 
 def _requirement(spec: _Key) -> str:
@@ -579,6 +698,16 @@ def _from_text(kind: type, text: str) -> Any:
 def _check(key: str, value: Any, from_text: bool = False) -> Any:
     spec = _KEYS[key]
     given = value
+    if spec.kind is tuple:
+        if from_text and isinstance(value, str):  # --flag a,b: comma-separated
+            value = _split_list(value)
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key}: must be {_requirement(spec)}, got {_show(given)}")
+        value = tuple(value)
+        problem = spec.check(value) if spec.check is not None else ""
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
+        return value
     if from_text and spec.kind is not str and isinstance(value, str):
         value = _from_text(spec.kind, value)
     if spec.kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -673,6 +802,7 @@ def _check_listeners(config: BrokerConfig) -> None:
     for flag in ("require_client_cert", "cert_username"):
         if getattr(tls, flag) and not tls.cafile:
             raise ConfigError(f"tls.cafile: required when tls.{flag} is true")
+    _check_cluster(config)
     admin = config.admin
     if admin.listen and not admin.api_key:
         raise ConfigError("admin.api_key: required when admin.listen is set")
@@ -717,6 +847,7 @@ __all__ = [
     "AdminConfig",
     "AuthConfig",
     "BrokerConfig",
+    "ClusterConfig",
     "ConfigError",
     "HooksConfig",
     "LimitsConfig",

@@ -331,6 +331,7 @@ class Net:
         self.clock = Clock()
         self.nodes = [Node(i, count, self.clock, **node_options) for i in range(count)]
         self.links: dict[tuple[int, int], int] = {}  # (node, peer) -> link id at node
+        self.ends: dict[tuple[int, int], tuple[int, int]] = {}  # (node, id) -> (peer, its id)
         self.stopped: set[int] = set()
         self.held: dict[int, list[tuple[int, bytes]]] = {}  # bytes waiting for a stopped node
         self._ids = itertools.count(1)
@@ -341,40 +342,61 @@ class Net:
 
     def link(self, a: int, b: int, pump: bool = True) -> None:
         """A new link between a and b (a dials b): new ids on both ends."""
-        ident_a, ident_b = next(self._ids), next(self._ids)
-        self.links[(a, b)] = ident_a
-        self.links[(b, a)] = ident_b
+        ident_a, ident_b = self._wire(a, b)
         self.nodes[a].mesh.link_opened(ident_a, b)
         self.nodes[b].mesh.link_opened(ident_b, None)
         if pump:
             self.pump()
 
-    def peer_of(self, node: int, ident: int) -> int | None:
-        return next((b for (a, b), i in self.links.items() if a == node and i == ident), None)
+    def _wire(self, a: int, b: int) -> tuple[int, int]:
+        ident_a, ident_b = next(self._ids), next(self._ids)
+        self.links[(a, b)] = ident_a
+        self.links[(b, a)] = ident_b
+        self.ends[(a, ident_a)] = (b, ident_b)
+        self.ends[(b, ident_b)] = (a, ident_a)
+        return ident_a, ident_b
 
     def pump(self) -> None:
-        """Carry bytes and run later callbacks until nothing moves."""
+        """Carry bytes and run later callbacks until nothing moves; a link one end closed
+        closes at the other end too, as a socket does."""
         moved = True
         while moved:
-            moved = False
+            moved = self._propagate_closes()
             for node in self.nodes:
                 if node.index in self.stopped:
                     continue
                 moved = node.run_soon() or moved
                 for ident, data in node.mesh.data_to_send().items():
-                    peer = self.peer_of(node.index, ident)
-                    if peer is None:
+                    end = self.ends.get((node.index, ident))
+                    if end is None:
                         continue  # a link that was cut
-                    target = self.links[(peer, node.index)]
+                    peer, target = end
                     if peer in self.stopped:
                         self.held.setdefault(peer, []).append((target, data))
                         continue
                     self.nodes[peer].mesh.data_received(target, data)
                     moved = True
 
+    def _propagate_closes(self) -> bool:
+        closed = False
+        for node in self.nodes:
+            for ident in node.wire.closed:
+                if (node.index, ident) in self.ends:
+                    self.cut_ends(node.index, ident)
+                    closed = True
+        return closed
+
     def cut(self, a: int, b: int) -> None:
         """The link between a and b breaks: both ends see it close."""
-        ident_a, ident_b = self.links.pop((a, b)), self.links.pop((b, a))
+        ident_a = self.links.pop((a, b))
+        self.links.pop((b, a))
+        if (a, ident_a) in self.ends:  # (not closed by one end already)
+            self.cut_ends(a, ident_a)
+
+    def cut_ends(self, a: int, ident_a: int) -> None:
+        """The link whose end at ``a`` is ``ident_a`` breaks: both ends see it close."""
+        b, ident_b = self.ends.pop((a, ident_a))
+        del self.ends[(b, ident_b)]
         self.nodes[a].mesh.link_closed(ident_a)
         self.nodes[b].mesh.link_closed(ident_b)
 
@@ -404,3 +426,83 @@ class Net:
             self.pump()
         self.clock.time = target
         self.pump()
+
+
+class ClusterNet(Net):
+    """Several nodes of several workers: each node's workers linked by the mesh, and each
+    worker linked to every other node by a link it dials, which a worker of that node accepts
+    (round robin here; the kernel's choice in real life). ``nodes``: node id -> workers."""
+
+    def __init__(self, nodes: dict[str, int], secrets: dict[str, bytes] | None = None,
+                 cluster_ids: dict[str, str] | None = None, **node_options: Any) -> None:
+        from meshmq.cluster.nodelink import NodeIdentity
+        from meshmq.cluster.nodes import NodeLinks
+
+        self.clock = Clock()
+        self.nodes = []
+        self.node_of: dict[int, str] = {}  # sim index -> node id
+        self.workers: dict[str, list[Node]] = {}
+        self.identities: dict[str, NodeIdentity] = {}
+        for node_id, count in nodes.items():
+            secret = (secrets or {}).get(node_id, b"secret")
+            identity = NodeIdentity.new(node_id, secret, (cluster_ids or {}).get(node_id, ""),
+                                        f"{node_id}:7883")
+            self.identities[node_id] = identity
+            members = []
+            for index in range(count):
+                worker = Node(index, count, self.clock, **node_options)
+                worker.index = len(self.nodes)  # the sim's own index, unique across nodes
+                worker.links = NodeLinks(worker.mesh, NodeIdentity(
+                    node_id, identity.incarnation, secret, identity.cluster_id,
+                    identity.address))
+                self.nodes.append(worker)
+                self.node_of[worker.index] = node_id
+                members.append(worker)
+            self.workers[node_id] = members
+        self.links = {}
+        self.ends = {}
+        self.stopped = set()
+        self.held = {}
+        self._ids = itertools.count(1)
+        self._accepting: dict[str, int] = {}
+        for members in self.workers.values():  # inside each node, as Net does
+            for a in range(len(members)):
+                for b in range(a + 1, len(members)):
+                    self.link(members[a].index, members[b].index, pump=False, local=(a, b))
+        for node_id in self.workers:
+            for other in self.workers:
+                if other != node_id:
+                    for worker in self.workers[node_id]:
+                        self.dial(worker.index, other, pump=False)
+        self.pump()
+
+    def link(self, a: int, b: int, pump: bool = True,
+             local: tuple[int, int] | None = None) -> None:
+        """A new local link between sim workers a and b (a dials b); ``local``: their
+        indexes inside their node."""
+        if local is None:
+            local = (self.nodes[a].spec.index, self.nodes[b].spec.index)
+        ident_a, ident_b = self._wire(a, b)
+        self.nodes[a].mesh.link_opened(ident_a, local[1])
+        self.nodes[b].mesh.link_opened(ident_b, None)
+        if pump:
+            self.pump()
+
+    def dial(self, a: int, node_id: str, pump: bool = True) -> int:
+        """Sim worker ``a`` dials node ``node_id``; one of its workers accepts (round robin).
+        Returns the accepting worker's sim index."""
+        members = self.workers[node_id]
+        turn = self._accepting.get(node_id, 0)
+        self._accepting[node_id] = turn + 1
+        b = members[turn % len(members)].index
+        ident_a, ident_b = next(self._ids), next(self._ids)
+        self.ends[(a, ident_a)] = (b, ident_b)
+        self.ends[(b, ident_b)] = (a, ident_a)
+        self.nodes[a].mesh.remote_opened(ident_a, dialed=True)
+        self.nodes[b].mesh.remote_opened(ident_b, dialed=False)
+        if pump:
+            self.pump()
+        return b
+
+    def of(self, node_id: str, index: int = 0) -> Node:
+        return self.workers[node_id][index]

@@ -38,7 +38,11 @@ from meshmq.cluster.codec import (
     FrameReader,
     FrameType,
     Hello,
+    LinkAuth,
     LinkError,
+    LinkHello,
+    Members,
+    Ping,
     QueryRetained,
     Register,
     Release,
@@ -155,7 +159,8 @@ CASES: list[tuple[object, bytes, bool]] = [
     (Synced(17, {0: 3, 1: 4}), u("QI", 17, 2) + u("IQ", 0, 3) + u("IQ", 1, 4), True),
     (Stats({"a": 1, "b": 2**64 - 1}),
      u("H", 2) + text_bytes("a") + text_bytes("b") + offsets_bytes([1, 2**64 - 1]), True),
-    (Barrier(18), u("Q", 18), True),
+    (Barrier(18), u("QB", 18, 0), True),
+    (Barrier(18, nodes=True), u("QB", 18, 1), True),
     (BarrierDone(19, {3: 5}), u("QI", 19, 1) + u("IQ", 3, 5), True),
     (Deliver("c-é", 1, True, [7, 2**64 - 1], ("g", "t/#"), MESSAGE_BODY),
      text_bytes("c-é") + u("BB", 1, 1) + offsets_bytes([7, 2**64 - 1]) + text_bytes("g")
@@ -167,6 +172,14 @@ CASES: list[tuple[object, bytes, bool]] = [
     (Admin(20, "kick", b'{"client_id":"c"}'),
      u("Q", 20) + text_bytes("kick") + u("I", 17) + b'{"client_id":"c"}', True),
     (AdminAnswer(21, b'{"ok":true}'), u("QI", 21, 11) + b'{"ok":true}', True),
+    (LinkHello(1, "c1", "n-é", 2**64 - 1, 3, 4, b"\x07" * 16, "10.0.0.1:7883"),
+     u("H", 1) + text_bytes("c1") + text_bytes("n-é") + u("QHH", 2**64 - 1, 3, 4)
+     + blob_bytes(b"\x07" * 16) + text_bytes("10.0.0.1:7883"), True),
+    (LinkAuth(b"\x01" * 32), blob_bytes(b"\x01" * 32), True),
+    (Ping(), b"", True),
+    (Members([("n1", "a:1"), ("n2", "")]),
+     u("I", 2) + text_bytes("n1") + text_bytes("a:1") + text_bytes("n2") + text_bytes(""),
+     True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -256,7 +269,7 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
     FrameType.SYNC: st.builds(Sync, u64s),
     FrameType.SYNCED: st.builds(Synced, u64s, highs),
     FrameType.STATS: st.builds(Stats, st.dictionaries(unicode_text, u64s, max_size=4)),
-    FrameType.BARRIER: st.builds(Barrier, u64s),
+    FrameType.BARRIER: st.builds(Barrier, u64s, st.booleans()),
     FrameType.BARRIER_DONE: st.builds(BarrierDone, u64s, highs),
     FrameType.DELIVER: st.builds(Deliver, unicode_text, st.integers(0, 2), st.booleans(),
                                  st.lists(u64s, max_size=3),
@@ -265,6 +278,12 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
     FrameType.SETTLED: st.builds(Settled, unicode_text),
     FrameType.ADMIN: st.builds(Admin, u64s, unicode_text, bodies),
     FrameType.ADMIN_ANSWER: st.builds(AdminAnswer, u64s, bodies),
+    FrameType.LINK_HELLO: st.builds(LinkHello, u16s, unicode_text, unicode_text, u64s, u16s,
+                                    u16s, bodies, unicode_text),
+    FrameType.LINK_AUTH: st.builds(LinkAuth, bodies),
+    FrameType.PING: st.builds(Ping),
+    FrameType.MEMBERS: st.builds(Members, st.lists(st.tuples(unicode_text, unicode_text),
+                                                   max_size=3)),
 }
 any_frame = st.sampled_from(list(FrameType)).flatmap(lambda t: FRAME_STRATEGIES[t])
 

@@ -228,6 +228,11 @@ class Router:
             sessions[client_id].deliver(message, qos, retain_flag, ids or None, now)
         return len(merged)
 
+    def has_members(self, key: SharedKey) -> bool:
+        """Does the shared group ``key`` (name, filter) have members here?"""
+        group = self.shared.get(key[1], key[0])
+        return group is not None and bool(group.members)
+
     def deliver_shared(
         self, key: SharedKey, message: Message, qos: int, now: float, exclude: str | None
     ) -> int:

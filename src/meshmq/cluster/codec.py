@@ -61,6 +61,10 @@ class FrameType(IntEnum):
     APPENDED = 20  # answers to APPEND
     ADMIN = 21  # request from the admin listener's worker: answer this query (node/admin)
     ADMIN_ANSWER = 22  # answer to ADMIN
+    LINK_HELLO = 23  # first frame on a link between nodes, both ways: who, which cluster, nonce
+    LINK_AUTH = 24  # proof of the cluster secret, over both nonces (cluster/nodelink.py)
+    PING = 25  # a link between nodes is alive (sent when it is otherwise quiet)
+    MEMBERS = 26  # the nodes the sender knows, with the address each is dialed at
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -567,17 +571,20 @@ class Stats:
 
 @dataclass(frozen=True, slots=True)
 class Barrier:
-    """Request: answer once everything sent before (route changes above all) is applied."""
+    """Request: answer once everything sent before (route changes above all) is applied;
+    ``nodes``: and once the other nodes linked to the receiver have applied its node's routes
+    (cluster/mesh.py)."""
 
     request_id: int
+    nodes: bool = False
 
     def encode(self) -> bytes:
-        return Writer().u64(self.request_id).frame(FrameType.BARRIER)
+        return Writer().u64(self.request_id).u8(self.nodes).frame(FrameType.BARRIER)
 
     @classmethod
     def decode(cls, body: bytes) -> Barrier:
         reader = Reader(body)
-        frame = cls(reader.u64())
+        frame = cls(reader.u64(), bool(reader.u8()))
         reader.end()
         return frame
 
@@ -686,9 +693,92 @@ class AdminAnswer:
         return frame
 
 
+@dataclass(frozen=True, slots=True)
+class LinkHello:
+    """First frame on a link between nodes, both ways (cluster/nodelink.py): the protocol
+    version, the cluster's id (empty while the sender has none yet), the node, its
+    incarnation (drawn at each start), the sending worker and the node's worker count, and a
+    fresh nonce the peer's LINK_AUTH must cover."""
+
+    version: int
+    cluster_id: str
+    node_id: str
+    incarnation: int
+    worker: int
+    workers: int
+    nonce: bytes
+    address: str  # the sender node's address (cluster.advertise), for the others to dial
+
+    def encode(self) -> bytes:
+        return (Writer().u16(self.version).text(self.cluster_id).text(self.node_id)
+                .u64(self.incarnation).u16(self.worker).u16(self.workers).blob(self.nonce)
+                .text(self.address).frame(FrameType.LINK_HELLO))
+
+    @classmethod
+    def decode(cls, body: bytes) -> LinkHello:
+        reader = Reader(body)
+        frame = cls(reader.u16(), reader.text(), reader.text(), reader.u64(), reader.u16(),
+                    reader.u16(), reader.blob(), reader.text())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class LinkAuth:
+    """The sender's proof that it knows the cluster secret: an HMAC over both nonces and both
+    identities (cluster/nodelink.py)."""
+
+    mac: bytes
+
+    def encode(self) -> bytes:
+        return Writer().blob(self.mac).frame(FrameType.LINK_AUTH)
+
+    @classmethod
+    def decode(cls, body: bytes) -> LinkAuth:
+        reader = Reader(body)
+        frame = cls(reader.blob())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """A link between nodes is alive; sent when nothing else was for a while."""
+
+    def encode(self) -> bytes:
+        return Writer().frame(FrameType.PING)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Ping:
+        Reader(body).end()
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class Members:
+    """The nodes the sender knows (itself included): node id and the address it is dialed
+    at, so that a node joining through one seed finds the others."""
+
+    members: list[tuple[str, str]]
+
+    def encode(self) -> bytes:
+        writer = Writer().u32(len(self.members))
+        for node_id, address in self.members:
+            writer.text(node_id).text(address)
+        return writer.frame(FrameType.MEMBERS)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Members:
+        reader = Reader(body)
+        members = [(reader.text(), reader.text()) for _ in range(reader.u32())]
+        reader.end()
+        return cls(members)
+
+
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
-         | BarrierDone | Deliver | Settled | Admin | AdminAnswer)
+         | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
+         | Members)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -700,6 +790,8 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.STATS: Stats, FrameType.BARRIER: Barrier, FrameType.BARRIER_DONE: BarrierDone,
     FrameType.DELIVER: Deliver, FrameType.SETTLED: Settled,
     FrameType.ADMIN: Admin, FrameType.ADMIN_ANSWER: AdminAnswer,
+    FrameType.LINK_HELLO: LinkHello, FrameType.LINK_AUTH: LinkAuth, FrameType.PING: Ping,
+    FrameType.MEMBERS: Members,
 }
 
 

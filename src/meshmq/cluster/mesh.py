@@ -98,6 +98,7 @@ from meshmq.cluster.timers import Timer, Timers
 
 if TYPE_CHECKING:
     from meshmq.broker.message import Message
+    from meshmq.cluster.nodes import NodeLinks
 
 log = logging.getLogger("meshmq.mesh")
 
@@ -163,6 +164,9 @@ class _Link:
     paused: bool = False  # the socket's buffer is above its mark: data waits
     congested: bool = False
     handshake: Timer | None = None
+    remote: Any = None  # a link between nodes: its state (cluster/nodes.py); None: local
+    last_in: float = 0.0  # (links between nodes) when a byte last came, and last went
+    last_out: float = 0.0
 
 
 class Mesh:
@@ -179,7 +183,10 @@ class Mesh:
         self.timers = Timers()
         self._armed = float("inf")  # what the I/O layer's timer is set to
         self._links: dict[int, _Link] = {}  # by link id
-        self.peers: dict[int, _Link] = {}  # linked peers (HELLO received)
+        self.peers: dict[int, _Link] = {}  # linked peers of this node (HELLO received)
+        self.remote: dict[int, _Link] = {}  # ready links to other nodes (cluster/nodes.py)
+        self.routable: dict[int, _Link] = {}  # the peers a publish may be forwarded to
+        self.node_links: NodeLinks | None = None  # set by NodeLinks
         self._handlers: dict[int, Handler] = {}
         self._answers = {FrameType.REPLY, FrameType.RETAINED, FrameType.CLAIMED,
                          FrameType.SYNCED, FrameType.BARRIER_DONE, FrameType.ADMIN_ANSWER}
@@ -263,6 +270,25 @@ class Mesh:
         link.handshake = self.call_at(self.io.now() + HANDSHAKE_TIMEOUT,
                                       lambda: self._handshake_overdue(ident))
 
+    def remote_opened(self, ident: int, dialed: bool) -> None:
+        """A TCP link with another node exists (``dialed``: by this worker): its handshake
+        (cluster/nodes.py) must end within ``HANDSHAKE_TIMEOUT``."""
+        if self.node_links is None:
+            raise RuntimeError("a link between nodes on a worker that is in no cluster")
+        link = self._links[ident] = _Link(ident, None)
+        link.last_in = link.last_out = self.io.now()
+        self.node_links.opened(link, dialed)
+        link.handshake = self.call_at(self.io.now() + HANDSHAKE_TIMEOUT,
+                                      lambda: self._handshake_overdue(ident))
+
+    def handshake_done(self, link: _Link) -> None:
+        if link.handshake is not None:
+            link.handshake.cancel()
+            link.handshake = None
+
+    def links(self) -> Iterable[_Link]:
+        return self._links.values()
+
     def _handshake_overdue(self, ident: int) -> None:
         link = self._links.get(ident)
         if link is not None and not link.ready:
@@ -275,6 +301,8 @@ class Mesh:
         if link is None:
             return
         self.counters["bytes_in"] += len(data)
+        if link.remote is not None:
+            link.last_in = self.io.now()
         try:
             for frame_type, body in link.reader.feed(data):
                 if self._links.get(ident) is not link:
@@ -287,6 +315,14 @@ class Mesh:
             log.exception("link failed while handling a frame peer=%s: closing the link",
                           link.peer)
             self._fail_link(link, "handler failure", logged=True)
+
+    def fail_link(self, link: _Link, why: str) -> None:
+        self._fail_link(link, why)
+
+    def close_link(self, link: _Link) -> None:
+        """Close ``link`` (a newer one replaces it)."""
+        self.link_closed(link.ident)
+        self.io.close_link(link.ident)
 
     def _fail_link(self, link: _Link, why: str, logged: bool = False) -> None:
         self.counters["link_failures"] += 1
@@ -302,10 +338,17 @@ class Mesh:
             return
         if link.handshake is not None:
             link.handshake.cancel()
+        if link.remote is not None:
+            if self.node_links is not None:
+                self.node_links.closed(link)
+            if link.peer is not None and self.routable.get(link.peer) is link:
+                del self.routable[link.peer]
+            return
         peer = link.peer
         if peer is None or self.peers.get(peer) is not link:
             return  # never said HELLO, or a newer link to that peer is up
         del self.peers[peer]
+        self.routable.pop(peer, None)
         if not self.closing:
             log.warning("link lost peer=%d", peer)
         self.routes.forget(peer)
@@ -352,6 +395,8 @@ class Mesh:
                 data = b"".join(parts) if len(parts) > 1 else parts[0]
                 out[ident] = data
                 self.counters["bytes_out"] += len(data)
+                if link.remote is not None:
+                    link.last_out = self.io.now()
         if more:
             self.wake()  # the rest of the data next turn, after what else is ready
         return out
@@ -374,6 +419,9 @@ class Mesh:
         self.closing = True
 
     def _dispatch(self, link: _Link, frame_type: int, body: bytes) -> None:
+        if link.remote is not None:
+            assert self.node_links is not None
+            return self.node_links.dispatch(link, frame_type, body)
         if not link.ready:
             if frame_type != FrameType.HELLO:
                 raise LinkError(f"frame type {frame_type} before HELLO")
@@ -411,12 +459,17 @@ class Mesh:
             self.link_closed(old.ident)
             self.io.close_link(old.ident)
         self.peers[peer] = link
+        self.routable[peer] = link
         routes = self.routes.announce_all()
         if routes:
             self._queue(link, Routes(routes).encode())
         log.info("linked peer=%d", peer)
         for listener in self.on_link_up:
             listener(peer, hello)
+
+    def queue(self, link: _Link, frame: bytes) -> None:
+        """Queue ``frame`` on ``link`` in its lane."""
+        self._queue(link, frame)
 
     def _queue(self, link: _Link, frame: bytes) -> None:
         lane = LANES[frame[_TYPE_BYTE]]
@@ -445,7 +498,7 @@ class Mesh:
     def send(self, peer: int, frame: bytes, link: int | None = None) -> bool:
         """Queue ``frame`` for ``peer`` in its lane (``LANES``); False if it is not linked,
         or (``link`` given: an answer) if the link the request came on is gone."""
-        current = self.peers.get(peer)
+        current = self.peers.get(peer) or self.remote.get(peer)
         if current is None or (link is not None and current.ident != link):
             return False
         self._queue(current, frame)
@@ -462,7 +515,7 @@ class Mesh:
             self._queue(link, frame)
 
     def congested(self, peer: int) -> bool:
-        link = self.peers.get(peer)
+        link = self.routable.get(peer)
         return link is not None and link.congested
 
     def when_drained(self, peer: int, callback: Callable[[], None]) -> None:
@@ -475,6 +528,9 @@ class Mesh:
     def _release_drained(self, peer: int) -> None:
         for callback in self._drained.pop(peer, []):
             callback()
+
+    def release_drained(self, peer: int) -> None:
+        self._release_drained(peer)
 
     # ------------------------------------------------------------------ routes
 
@@ -491,6 +547,8 @@ class Mesh:
                 for link in self.peers.values():
                     link.control.append(frame)
                     self.counters["frames_out"] += 1
+        if self.node_links is not None and not self.closing:
+            self.node_links.flush_routes()
 
     def _on_routes(self, peer: int, frame: Routes) -> None:
         self.routes.apply(peer, frame.changes)
@@ -502,7 +560,7 @@ class Mesh:
         """After the local plain deliveries (core interface ``Peers``): forward ``message``
         once to each peer that has a match; return the shared groups to serve here and the
         number of peers forwarded to."""
-        here, targets = self.routes.targets(message.topic, local_groups, self.peers)
+        here, targets = self.routes.targets(message.topic, local_groups, self.routable)
         if self.local_for is not None:  # that peer delivers it itself (partitions.py)
             self.local_groups = targets.pop(self.local_for, None)
         if not targets:
@@ -510,12 +568,15 @@ class Mesh:
         body = self.encode(message, now)
         before = self.before_ordered
         for peer, groups in targets.items():
-            link = self.peers[peer]
+            link = self.routable[peer]
             if before is not None:
                 before(peer)  # answers to appends routed earlier keep their place
             self._forward(link, forward_frame(groups, body))
         self.counters["forwarded"] += len(targets)
         return here, len(targets)
+
+    def forward_to(self, link: _Link, frame: bytes) -> None:
+        self._forward(link, frame)
 
     def _forward(self, link: _Link, frame: bytes) -> None:
         self._queue_data(link, frame)
@@ -569,8 +630,9 @@ class Mesh:
         linked); ``done()`` once all answered or after ``ANSWER_TIMEOUT``: a stopped or stuck
         peer must not hold the caller back. ``on_answer(peer, frame or None, late)``."""
         self._flush_routes()
-        chosen = [(p, self.peers[p].ident) for p in (self.peers if peers is None else peers)
-                  if p in self.peers]
+        links = self.peers if peers is None else {
+            p: link for p in peers if (link := self.peers.get(p) or self.remote.get(p))}
+        chosen = [(p, link.ident) for p, link in links.items()]
 
         def finished(missing: list[int]) -> None:
             if missing:
@@ -580,7 +642,7 @@ class Mesh:
 
         deadline = self.io.now() + ANSWER_TIMEOUT
         self.requests.ask_all(chosen, lambda peer, request_id: self._queue(
-            self.peers[peer], frame(request_id)), on_answer, finished, deadline)
+            links[peer], frame(request_id)), on_answer, finished, deadline)
         self._arm(deadline)
 
     def barrier(self, done: Callable[[], None]) -> None:
@@ -592,10 +654,43 @@ class Mesh:
             if frame is not None and frame.highs and self.on_highs is not None:
                 self.on_highs(peer, frame.highs)
 
-        self.ask_all(lambda request_id: Barrier(request_id).encode(), on_answer, done,
-                     "route barrier")
+        accepted = self.node_links.accepted_peers() if self.node_links is not None else []
+        if not accepted and self.node_links is None:
+            self.ask_all(lambda request_id: Barrier(request_id).encode(), on_answer, done,
+                         "route barrier")
+            return
+        waiting = [2]
+
+        def one_done() -> None:
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                done()
+
+        # the node's workers, each after the other nodes it routes for applied its routes,
+        # and the other nodes' workers that route to this node through this one
+        self.ask_all(lambda request_id: Barrier(request_id, nodes=True).encode(), on_answer,
+                     one_done, "route barrier")
+        self.ask_all(lambda request_id: Barrier(request_id).encode(),
+                     lambda peer, frame, late: None, one_done, "route barrier across nodes",
+                     peers=accepted)
 
     def _on_barrier(self, peer: int, frame: Barrier) -> None:
-        # BARRIER_DONE is ordered: the answers queued for ``peer`` go before it, so its
-        # high watermarks never pass an offset the peer has not been told is its own
-        self.send(peer, BarrierDone(frame.request_id, self.highs()).encode())
+        self.answer_barrier(peer, frame)
+
+    def answer_barrier(self, peer: int, frame: Barrier) -> None:
+        """Answer a BARRIER from ``peer``: at once, or (``frame.nodes``) once the workers of
+        other nodes that dialed this one have applied this node's routes."""
+        link = self.incarnation(peer) if peer in self.peers else None
+
+        def answer() -> None:
+            # BARRIER_DONE is ordered: the answers queued for ``peer`` go before it, so its
+            # high watermarks never pass an offset the peer has not been told is its own
+            self.send(peer, BarrierDone(frame.request_id, self.highs()).encode(), link)
+
+        accepted = self.node_links.accepted_peers() if (
+            frame.nodes and self.node_links is not None) else []
+        if not accepted:
+            return answer()
+        self.ask_all(lambda request_id: Barrier(request_id).encode(),
+                     lambda p, f, late: None, answer, "route barrier across nodes",
+                     peers=accepted)

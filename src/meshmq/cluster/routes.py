@@ -16,6 +16,15 @@ subscribers: every peer with a matching plain route gets it once, and each share
 matches, wherever its members are, gets exactly one delivery, round robin over this worker (if it
 has members) and the peers with members. It returns the groups to serve here and, per peer, the
 groups that peer must serve.
+
+**The node's routes** (a cluster of nodes, docs/cluster.md). Peers are this node's other
+workers (``peer < REMOTE_BASE``) and other nodes (``peer >= REMOTE_BASE``: a node is one peer,
+whichever of its workers carries the link). What another node hears from this worker is the
+node's routes: the union of this worker's and its local peers' (``node_change``, counted per
+(group, filter) across the node's workers; ``take_node_changes``, ``announce_node``). A message
+that came from another node is passed on inside this node by ``relay_targets``: the local peers
+with a plain match, and for each shared group the other node chose this node for, one worker of
+this node with members (this one or a peer).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from meshmq.memo import remember
 RouteKey = tuple[str, str]  # (group or "", filter)
 RouteChange = tuple[bool, str, str]  # (added, group or "", filter)
 LOCAL = -1  # "this worker" among the candidates of a shared group
+REMOTE_BASE = 1 << 16  # peers from here up are other nodes (links between nodes)
 
 
 class Routes:
@@ -42,6 +52,8 @@ class Routes:
         self._turn: dict[RouteKey, int] = {}
         # plain_peers per topic, until the peers' plain routes change (every publish asks)
         self._plain: dict[str, frozenset[int]] = {}
+        self._node: dict[RouteKey, int] = {}  # this node's workers with the route, per key
+        self._node_changes: list[RouteChange] = []
 
     # ------------------------------------------------------------------ ours
 
@@ -54,12 +66,40 @@ class Routes:
             self._local[key] = count
             if count == 1 and added:
                 self._changes.append((True, group, topic_filter))
+                self._node_change(key, 1)
                 return True
         elif key in self._local:
             del self._local[key]
             self._changes.append((False, group, topic_filter))
+            self._node_change(key, -1)
             return True
         return False
+
+    # ------------------------------------------------------------------ the node's
+
+    def _node_change(self, key: RouteKey, step: int) -> None:
+        """One of this node's workers gained (1) or lost (-1) its route ``key``."""
+        count = self._node.get(key, 0) + step
+        if count > 0:
+            self._node[key] = count
+            if count == 1:
+                self._node_changes.append((True, *key))
+        elif key in self._node:
+            del self._node[key]
+            self._node_changes.append((False, *key))
+
+    @property
+    def node_pending(self) -> bool:
+        return bool(self._node_changes)
+
+    def take_node_changes(self) -> list[RouteChange]:
+        """Changes of this node's routes, for the other nodes (then forgotten)."""
+        changes, self._node_changes = self._node_changes, []
+        return changes
+
+    def announce_node(self) -> list[RouteChange]:
+        """Every route of this node, for another node that just linked."""
+        return [(True, group, topic_filter) for group, topic_filter in self._node]
 
     @property
     def pending(self) -> bool:
@@ -79,19 +119,26 @@ class Routes:
     def apply(self, peer: int, changes: Iterable[RouteChange]) -> None:
         """A ``ROUTES`` frame from ``peer``."""
         known = self._peer_routes.setdefault(peer, set())
+        local = peer < REMOTE_BASE
         for added, group, topic_filter in changes:
             key = (group, topic_filter)
             if added and key not in known:
                 known.add(key)
                 self._add_remote(peer, key)
+                if local:
+                    self._node_change(key, 1)
             elif not added and key in known:
                 known.discard(key)
                 self._remove_remote(peer, key)
+                if local:
+                    self._node_change(key, -1)
 
     def forget(self, peer: int) -> None:
         """``peer``'s link dropped: its routes go (it announces them again when it relinks)."""
         for key in self._peer_routes.pop(peer, set()):
             self._remove_remote(peer, key)
+            if peer < REMOTE_BASE:
+                self._node_change(key, -1)
 
     def peer_routes(self, peer: int) -> set[RouteKey]:
         return set(self._peer_routes.get(peer, ()))
@@ -151,6 +198,29 @@ class Routes:
             candidates = [LOCAL] if key in local_groups else []
             candidates += sorted(p for p in remote_groups.get(key, ()) if p in linked)
             if not candidates:
+                continue
+            chosen = self._next_in_turn(key, candidates)
+            if chosen == LOCAL:
+                here.append(key)
+            else:
+                targets.setdefault(chosen, []).append(key)
+        return here, targets
+
+    def relay_targets(self, topic: str, groups: Iterable[RouteKey],
+                      local_groups: Collection[RouteKey], linked: Collection[int]
+                      ) -> tuple[list[RouteKey], dict[int, list[RouteKey]]]:
+        """A message another node sent this node: which of ``linked`` (this node's other
+        workers) get it (plain matches), and for each of ``groups`` (the shared groups that
+        node chose this node for) whether it is served here or by which peer."""
+        targets: dict[int, list[RouteKey]] = {p: [] for p in self.plain_peers(topic)
+                                              if p in linked}
+        here: list[RouteKey] = []
+        for key in groups:
+            members = self.remote_shared.get(key[1], key[0]) or ()
+            candidates = [LOCAL] if key in local_groups else []
+            candidates += sorted(p for p in members if p in linked)
+            if not candidates:
+                here.append(key)  # gone meanwhile: served here (group_elsewhere) or dropped
                 continue
             chosen = self._next_in_turn(key, candidates)
             if chosen == LOCAL:

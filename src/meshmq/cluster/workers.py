@@ -31,6 +31,7 @@ from meshmq.cluster.leaders import Leadership
 from meshmq.cluster.mesh import Mesh
 from meshmq.cluster.partitions import PartitionedLog
 from meshmq.cluster.retained import OwnedRetained
+from meshmq.cluster.routes import REMOTE_BASE
 from meshmq.cluster.sockets import MeshSockets
 from meshmq.cluster.stats import MeshStatistics
 
@@ -57,9 +58,13 @@ def join_router(mesh: Mesh, router: Router, decode: Callable[[bytes, float], Mes
         message = decode(frame.message, now)
         if message.position is not None:
             on_position(message.position)
+        groups = frame.groups
+        if peer >= REMOTE_BASE and mesh.node_links is not None:  # from another node: relay
+            here = [key for key in groups if router.has_members(key)]
+            groups = mesh.node_links.relay(frame.message, message.topic, groups, here)
         mesh.forwarding = (peer, frame.relayed)
         try:
-            router.deliver_forwarded(message, frame.groups, now)
+            router.deliver_forwarded(message, groups, now)
         finally:
             mesh.forwarding = (None, False)
 

@@ -1,0 +1,344 @@
+"""Links between nodes: one worker's links to the other nodes of its cluster, sans-I/O.
+
+Theory of operation
+-------------------
+A node of a cluster is a supervisor and its workers (docs/workers.md); the workers of a node
+are linked by the mesh over unix sockets (cluster/mesh.py). Between nodes, each worker dials
+every other node's cluster port once (cluster/tcplinks.py), and any worker of that node may
+accept it (the kernel chooses). So each worker has exactly one *dialed* link to each other
+node and any number of *accepted* ones, and a pair of nodes has as many links as their two
+worker counts added up: links grow with nodes² times workers per node, never with all
+workers².
+
+Each link is used one way for messages: the dialing worker sends on it what it routes to that
+node (``FORWARD``) and its requests; the accepting worker sends the *node's* routes (the union
+of its own and its local peers' routes, cluster/routes.py) and the answers. So for the dialing
+worker a node is one peer (``peer >= REMOTE_BASE``, the same id across relinks) with one route
+set; a publish crosses to each node at most once, whichever of its workers the link lands on,
+and that worker passes it on inside its node (``relay``: the local peers with a plain match, and
+one member's worker for each shared group the sender chose the node for), never to a third node.
+
+Handshake (cluster/nodelink.py): ``LINK_HELLO`` both ways, then ``LINK_AUTH`` (the HMAC proof
+of the cluster secret over both nonces); nothing else before, frames capped, a deadline. Then
+the accepting side sends the node's routes and ``MEMBERS`` (the nodes it knows, so that a node
+that joined through one seed dials the rest).
+
+Liveness. A socket close is not enough between hosts (a stopped or cut-off node closes
+nothing), so every link carries a ``PING`` when it has been quiet for ``HEARTBEAT``; a link that
+heard nothing for ``SUSPECT_AFTER`` is *suspect* (logged once), and after ``DEAD_AFTER`` it is
+closed as dead, its routes and requests gone (the dialing side dials again with backoff). The
+times allow for a loaded 2-core machine: an event loop stalled by a garbage collection or an
+fsync for a second must not look dead.
+
+Barriers. A SUBACK waits until every worker that may route a publish to the new subscription
+has its route: the local peers (as before) and, across nodes, every worker that dialed this
+node: each local peer asks its own accepted links before it answers (``Barrier(nodes=True)``),
+and this worker asks its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from meshmq.cluster.codec import (
+    MAX_FRAME,
+    Barrier,
+    FrameType,
+    LinkAuth,
+    LinkError,
+    LinkHello,
+    Members,
+    Ping,
+    Routes,
+    decode_frame,
+    forward_frame,
+)
+from meshmq.cluster.nodelink import (
+    PROTOCOL_VERSION,
+    NodeIdentity,
+    check_hello,
+    check_mac,
+    link_mac,
+    new_nonce,
+)
+from meshmq.cluster.routes import REMOTE_BASE, RouteKey
+
+if TYPE_CHECKING:
+    from meshmq.cluster.mesh import Mesh, _Link
+    from meshmq.cluster.timers import Timer
+
+log = logging.getLogger("meshmq.cluster")
+
+HEARTBEAT = 1.0  # seconds of quiet after which a link carries a PING
+SUSPECT_AFTER = 4.0  # seconds without a byte from the other end: suspect
+DEAD_AFTER = 12.0  # ... and dead: the link is closed
+
+
+class Side(Enum):
+    DIALED = "dialed"  # this worker dialed: it routes to that node over this link
+    ACCEPTED = "accepted"  # the other node's worker dialed: this side sends routes, answers
+
+
+@dataclass(slots=True)
+class RemoteState:
+    """What one link between nodes knows of its other end."""
+
+    side: Side
+    nonce: bytes
+    hello: LinkHello | None = None
+    cluster_id: str = ""
+    ready: bool = False
+    suspect: bool = False
+
+
+@dataclass(slots=True)
+class NodePeer:
+    """Another node as this worker knows it."""
+
+    node_id: str
+    address: str
+    link: _Link | None = None  # the dialed link, once ready
+
+
+# Frames a link between nodes may carry once ready, by the side it arrives on.
+_FROM_ACCEPTOR = frozenset({FrameType.ROUTES, FrameType.MEMBERS, FrameType.PING,
+                            FrameType.BARRIER, FrameType.BARRIER_DONE})
+_FROM_DIALER = frozenset({FrameType.FORWARD, FrameType.PING, FrameType.BARRIER,
+                          FrameType.BARRIER_DONE, FrameType.MEMBERS})
+
+
+@dataclass
+class NodeLinks:
+    """One worker's links to the other nodes (see the module docstring)."""
+
+    mesh: Mesh
+    identity: NodeIdentity
+    on_cluster_id: Callable[[str], None] | None = None  # the node learned its cluster's id
+    on_members: Callable[[list[tuple[str, str]]], None] | None = None  # nodes to dial
+    on_node_up: list[Callable[[int, str], None]] = field(default_factory=list)
+    on_node_down: list[Callable[[int, str], None]] = field(default_factory=list)
+    nodes: dict[str, NodePeer] = field(default_factory=dict)  # by node id
+    _peer_ids: dict[str, int] = field(default_factory=dict)  # node id -> its peer id
+    _next_accepted: int = REMOTE_BASE + (1 << 15)
+    _heartbeat: Timer | None = None
+    counters: dict[str, int] = field(default_factory=lambda: {
+        "links_refused": 0, "links_dead": 0, "suspected": 0, "relayed": 0})
+
+    def __post_init__(self) -> None:
+        self.mesh.node_links = self
+
+    # ------------------------------------------------------------------ links
+
+    def opened(self, link: _Link, dialed: bool) -> None:
+        """A TCP link exists: send our LINK_HELLO (the mesh set the handshake deadline)."""
+        state = link.remote = RemoteState(Side.DIALED if dialed else Side.ACCEPTED,
+                                          new_nonce())
+        identity, worker = self.identity, self.mesh.worker
+        self.mesh.queue(link, LinkHello(
+            PROTOCOL_VERSION, identity.cluster_id, identity.node_id, identity.incarnation,
+            worker.index, worker.count, state.nonce, identity.address).encode())
+        self._arm_heartbeat()
+
+    def closed(self, link: _Link) -> None:
+        state: RemoteState | None = link.remote
+        peer = link.peer
+        if state is None or not state.ready or peer is None:
+            return
+        mesh = self.mesh
+        if mesh.remote.get(peer) is not link:
+            return  # replaced by a newer link
+        del mesh.remote[peer]
+        mesh.requests.link_down(link.ident)
+        node_id = state.hello.node_id if state.hello else "?"
+        if state.side is Side.DIALED:
+            mesh.routes.forget(peer)
+            known = self.nodes.get(node_id)
+            if known is not None and known.link is link:
+                known.link = None
+            if not mesh.closing:
+                log.warning("link to node lost node=%s", node_id)
+            mesh.release_drained(peer)
+            for listener in self.on_node_down:
+                listener(peer, node_id)
+
+    def dispatch(self, link: _Link, frame_type: int, body: bytes) -> None:
+        """A frame on a link between nodes (``LinkError`` closes the link)."""
+        state: RemoteState = link.remote
+        if not state.ready:
+            return self._handshake(link, state, frame_type, body)
+        allowed = _FROM_ACCEPTOR if state.side is Side.DIALED else _FROM_DIALER
+        if frame_type not in allowed:
+            raise LinkError(f"frame type {frame_type} is not taken from another node here")
+        peer = link.peer
+        assert peer is not None
+        mesh = self.mesh
+        if frame_type == FrameType.PING:
+            return
+        if frame_type == FrameType.FORWARD:
+            if mesh.on_forward is not None:
+                from meshmq.cluster.codec import Forward
+                mesh.on_forward(peer, Forward.decode(body))
+            return
+        frame = decode_frame(frame_type, body)
+        if frame_type == FrameType.ROUTES:
+            assert isinstance(frame, Routes)
+            mesh.routes.apply(peer, frame.changes)
+        elif frame_type == FrameType.MEMBERS:
+            assert isinstance(frame, Members)
+            self._members(frame.members)
+        elif frame_type == FrameType.BARRIER:
+            assert isinstance(frame, Barrier)
+            mesh.answer_barrier(peer, frame)
+        else:  # an answer
+            mesh.requests.answer(link.ident, frame.request_id, frame)  # type: ignore[union-attr]
+
+    def _handshake(self, link: _Link, state: RemoteState, frame_type: int, body: bytes) -> None:
+        if state.hello is None:
+            if frame_type != FrameType.LINK_HELLO:
+                raise LinkError(f"frame type {frame_type} before LINK_HELLO")
+            hello = LinkHello.decode(body)
+            state.cluster_id = check_hello(self.identity, hello)
+            state.hello = hello
+            self.mesh.queue(link, LinkAuth(link_mac(
+                self.identity.secret, self.identity.node_id, self.mesh.worker.index,
+                state.nonce, hello.nonce)).encode())
+            return
+        if frame_type != FrameType.LINK_AUTH:
+            raise LinkError(f"frame type {frame_type} before LINK_AUTH")
+        if not check_mac(self.identity.secret, state.hello, state.nonce,
+                         LinkAuth.decode(body).mac):
+            self.counters["links_refused"] += 1
+            raise LinkError(f"node {state.hello.node_id!r} does not know the cluster secret")
+        self._ready(link, state, state.hello)
+
+    def _ready(self, link: _Link, state: RemoteState, hello: LinkHello) -> None:
+        mesh = self.mesh
+        state.ready = True
+        link.ready = True
+        link.reader.max_frame = MAX_FRAME
+        mesh.handshake_done(link)
+        if state.cluster_id and not self.identity.cluster_id:
+            self.identity.cluster_id = state.cluster_id
+            log.info("joined cluster cluster_id=%s through node=%s", state.cluster_id,
+                     hello.node_id)
+            if self.on_cluster_id is not None:
+                self.on_cluster_id(state.cluster_id)
+        known = self.nodes.setdefault(hello.node_id, NodePeer(hello.node_id, hello.address))
+        if hello.address:
+            known.address = hello.address
+        if state.side is Side.DIALED:
+            peer = self._peer_ids.get(hello.node_id)
+            if peer is None:
+                peer = self._peer_ids[hello.node_id] = REMOTE_BASE + len(self._peer_ids)
+            link.peer = peer
+            old = mesh.remote.get(peer)
+            if old is not None and old is not link:  # a newer link to that node replaces it
+                self.closed(old)
+                mesh.close_link(old)
+            mesh.remote[peer] = link
+            mesh.routable[peer] = link
+            known.link = link
+            log.info("linked node=%s address=%s worker=%d", hello.node_id, hello.address,
+                     hello.worker)
+            for listener in self.on_node_up:
+                listener(peer, hello.node_id)
+        else:
+            peer = link.peer = self._next_accepted
+            self._next_accepted += 1
+            mesh.remote[peer] = link
+            routes = mesh.routes.announce_node()
+            if routes:
+                mesh.queue(link, Routes(routes).encode())
+            mesh.queue(link, Members(self.members()).encode())
+
+    # ------------------------------------------------------------------ members
+
+    def members(self) -> list[tuple[str, str]]:
+        """This node and the nodes it knows, with their addresses."""
+        known = [(self.identity.node_id, self.identity.address)]
+        known += [(n.node_id, n.address) for n in self.nodes.values() if n.address]
+        return known
+
+    def _members(self, members: list[tuple[str, str]]) -> None:
+        new = []
+        for node_id, address in members:
+            if node_id == self.identity.node_id or not address:
+                continue
+            known = self.nodes.get(node_id)
+            if known is None:
+                self.nodes[node_id] = NodePeer(node_id, address)
+                new.append((node_id, address))
+        if new and self.on_members is not None:
+            self.on_members(new)
+
+    def linked_nodes(self) -> dict[int, str]:
+        """The nodes this worker routes to now: peer id -> node id."""
+        return {peer: link.remote.hello.node_id for peer, link in self.mesh.remote.items()
+                if link.remote.side is Side.DIALED}
+
+    def accepted_peers(self) -> list[int]:
+        return [peer for peer, link in self.mesh.remote.items()
+                if link.remote.side is Side.ACCEPTED]
+
+    # ------------------------------------------------------------------ routes and relay
+
+    def flush_routes(self) -> None:
+        """This node's route changes to every worker that dialed this one."""
+        routes = self.mesh.routes
+        if not routes.node_pending:
+            return
+        frame = Routes(routes.take_node_changes()).encode()
+        for peer in self.accepted_peers():
+            self.mesh.queue(self.mesh.remote[peer], frame)
+
+    def relay(self, body: bytes, topic: str, groups: list[RouteKey],
+              local_groups: list[RouteKey]) -> list[RouteKey]:
+        """A message another node sent this worker: pass it on to this node's other workers
+        that need it (the same body, once each); returns the shared groups to serve here."""
+        mesh = self.mesh
+        here, targets = mesh.routes.relay_targets(topic, groups, local_groups, mesh.peers)
+        for peer, peer_groups in targets.items():
+            link = mesh.peers[peer]
+            mesh.forward_to(link, forward_frame(peer_groups, body))
+        if targets:
+            self.counters["relayed"] += len(targets)
+        return here
+
+    # ------------------------------------------------------------------ liveness
+
+    def _arm_heartbeat(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = self.mesh.call_at(self.mesh.io.now() + HEARTBEAT, self._beat)
+
+    def _beat(self) -> None:
+        """Every ``HEARTBEAT``: a PING on quiet links, suspicion, death."""
+        self._heartbeat = None
+        mesh = self.mesh
+        now = mesh.io.now()
+        remote_links = [link for link in list(mesh.links()) if link.remote is not None]
+        for link in remote_links:
+            state: RemoteState = link.remote
+            quiet = now - link.last_in
+            name = state.hello.node_id if state.hello else "?"
+            if state.ready and quiet >= DEAD_AFTER:
+                self.counters["links_dead"] += 1
+                mesh.fail_link(link, f"node {name} silent for {quiet:.0f} s: dead")
+                continue
+            if state.ready and quiet >= SUSPECT_AFTER and not state.suspect:
+                state.suspect = True
+                self.counters["suspected"] += 1
+                log.warning("node suspected node=%s silent=%.1f s", name, quiet)
+            elif quiet < SUSPECT_AFTER and state.suspect:
+                state.suspect = False
+                log.info("node no longer suspected node=%s", name)
+            if state.ready and now - link.last_out >= HEARTBEAT:
+                mesh.queue(link, Ping().encode())
+        if remote_links:
+            self._arm_heartbeat()
+
+    def statistics(self) -> dict[str, Any]:
+        return {"nodes": sorted(self.linked_nodes().values()), **self.counters}

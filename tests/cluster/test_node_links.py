@@ -1,0 +1,130 @@
+"""Links between nodes in the simulated network (tests/cluster/simnet.py ``ClusterNet``):
+several nodes of several workers, each worker dialing every other node once and any worker of
+that node accepting; real meshes and routers; time moved by the test.
+"""
+
+from __future__ import annotations
+
+from simnet import ClusterNet, Node
+
+from meshmq.cluster.nodes import DEAD_AFTER, SUSPECT_AFTER, Side
+
+
+def dialed(worker: Node) -> dict[int, str]:
+    return worker.links.linked_nodes()
+
+
+def test_every_worker_routes_to_every_other_node_over_one_link() -> None:
+    net = ClusterNet({"a": 2, "b": 3, "c": 1})
+    for node_id, workers in net.workers.items():
+        others = sorted(set(net.workers) - {node_id})
+        for worker in workers:
+            assert sorted(dialed(worker).values()) == others
+            assert len(worker.mesh.peers) == len(workers) - 1  # its own node's workers
+    links = sum(len(w.mesh.remote) for w in net.nodes)  # each link counted at both ends
+    assert links == 2 * 6 * 2  # 6 workers, each dialing 2 other nodes
+
+
+def test_a_publish_reaches_every_subscriber_on_every_node_once_crossing_once_per_node() -> None:
+    net = ClusterNet({"a": 2, "b": 2, "c": 2})
+    subscribers = []
+    for node_id, workers in net.workers.items():
+        for worker in workers:
+            name = f"{node_id}{worker.spec.index}"
+            worker.subscribe(name, "t/+")
+            subscribers.append((worker, name))
+    net.pump()
+    publisher = net.of("a", 1)
+    before = {peer: link.data_bytes for peer, link in publisher.mesh.remote.items()}
+    sent = publisher.mesh.counters["forwarded"]
+    publisher.publish("t/1", b"once")
+    assert publisher.mesh.counters["forwarded"] - sent == 1 + 2  # its node peer + 2 nodes
+    assert before  # (it has links to the other nodes)
+    net.pump()
+    for worker, name in subscribers:
+        assert worker.deliveries.get(name) == [b"once"], name
+    relayed = sum(w.links.counters["relayed"] for w in net.nodes)
+    assert relayed == 2  # each other node passed it to its second worker, once
+
+
+def test_a_shared_group_across_nodes_gets_each_message_once() -> None:
+    net = ClusterNet({"a": 2, "b": 1, "c": 2})
+    members = [(net.of("a", 1), "m-a1"), (net.of("b"), "m-b"), (net.of("c", 0), "m-c0"),
+               (net.of("c", 1), "m-c1")]
+    for worker, name in members:
+        worker.subscribe(name, "$share/g/jobs/#")
+    net.pump()
+    for n in range(24):
+        net.of("a", 0).publish("jobs/run", f"{n}".encode())
+        net.pump()
+    got = [p for worker, name in members for p in worker.deliveries.get(name, [])]
+    assert sorted(got) == sorted(f"{n}".encode() for n in range(24))
+    assert all(worker.deliveries.get(name) for worker, name in members)  # spread over all
+
+
+def test_a_subscription_is_routed_from_every_node_once_its_barrier_is_done() -> None:
+    """A SUBACK waits for the route barrier: after it, a publish on any worker of any node
+    reaches the new subscription, though the other nodes hear of it through other workers."""
+    net = ClusterNet({"a": 2, "b": 2})
+    subscriber = net.of("b", 1)
+    subscriber.subscribe("late", "news/#")
+    done: list[bool] = []
+    subscriber.mesh.barrier(lambda: done.append(True))
+    net.pump()
+    assert done == [True]
+    for worker in net.nodes:
+        if worker is not subscriber:
+            worker.publish("news/x", f"from {worker.index}".encode())
+    net.pump()
+    assert len(subscriber.deliveries["late"]) == 3
+
+
+def test_a_node_without_the_secret_is_refused_before_anything_else() -> None:
+    net = ClusterNet({"a": 1, "b": 1, "intruder": 1},
+                     secrets={"a": b"s3cret", "b": b"s3cret", "intruder": b"guess"})
+    assert sorted(dialed(net.of("a")).values()) == ["b"]
+    assert dialed(net.of("intruder")) == {}
+    assert net.of("a").links.counters["links_refused"] >= 1
+    net.of("intruder").subscribe("spy", "#")
+    net.pump()
+    net.of("a").publish("secret/plans", b"x")
+    net.pump()
+    assert net.of("intruder").deliveries == {}
+
+
+def test_nodes_of_different_clusters_refuse_each_other() -> None:
+    net = ClusterNet({"a": 1, "b": 1, "z": 1}, cluster_ids={"a": "one", "b": "one", "z": "two"})
+    assert sorted(dialed(net.of("a")).values()) == ["b"]
+    assert dialed(net.of("z")) == {}
+
+
+def test_a_node_that_knows_no_cluster_id_adopts_its_peers() -> None:
+    net = ClusterNet({"a": 1, "fresh": 2}, cluster_ids={"a": "one"})
+    for worker in net.workers["fresh"]:
+        assert worker.links.identity.cluster_id == "one"
+
+
+def test_a_silent_node_is_suspected_then_dead_and_the_others_go_on() -> None:
+    net = ClusterNet({"a": 1, "b": 1, "c": 1})
+    net.of("c").subscribe("s", "t")
+    net.of("b").subscribe("s", "t")
+    net.pump()
+    net.stop(net.of("c").index)  # SIGSTOP: its sockets stay open, it says nothing
+    net.advance(SUSPECT_AFTER + 1.1)
+    assert net.of("a").links.counters["suspected"] == 2  # its link to c, and c's to it
+    assert "c" in dialed(net.of("a")).values()  # suspected, not dead yet
+    net.advance(DEAD_AFTER - SUSPECT_AFTER)
+    assert "c" not in dialed(net.of("a")).values()
+    assert net.of("a").links.counters["links_dead"] >= 1
+    net.of("a").publish("t", b"still served")
+    net.pump()
+    assert net.of("b").deliveries == {"s": [b"still served"]}
+
+
+def test_a_quiet_link_carries_pings_and_is_never_suspected() -> None:
+    net = ClusterNet({"a": 1, "b": 1})
+    for _ in range(10):
+        net.advance(SUSPECT_AFTER / 2)
+    assert all(w.links.counters["suspected"] == 0 for w in net.nodes)
+    assert all(state.remote.side in (Side.DIALED, Side.ACCEPTED)
+               for w in net.nodes for state in w.mesh.remote.values())
