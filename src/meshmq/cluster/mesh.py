@@ -289,6 +289,9 @@ class Mesh:
     def links(self) -> Iterable[_Link]:
         return self._links.values()
 
+    def link(self, ident: int) -> _Link | None:
+        return self._links.get(ident)
+
     def _handshake_overdue(self, ident: int) -> None:
         link = self._links.get(ident)
         if link is not None and not link.ready:

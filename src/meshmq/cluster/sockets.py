@@ -200,6 +200,18 @@ class MeshSockets:
             if not self.closing:
                 self.loop.call_later(self.redial.failed(peer), self._dial, peer)
 
+    def new_ident(self) -> int:
+        """A link id for a link of another kind this layer writes for (cluster/tcplinks.py)."""
+        ident = self._next_ident
+        self._next_ident += 1
+        return ident
+
+    def attach(self, ident: int, transport: asyncio.Transport) -> None:
+        self._transports[ident] = transport
+
+    def detach(self, ident: int) -> None:
+        self._transports.pop(ident, None)
+
     def _opened(self, link: _Link, transport: asyncio.Transport) -> None:
         ident = link.ident = self._next_ident
         self._next_ident += 1

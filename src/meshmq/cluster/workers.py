@@ -29,11 +29,14 @@ from meshmq.cluster.admin import MeshAdmin
 from meshmq.cluster.directory import Directory
 from meshmq.cluster.leaders import Leadership
 from meshmq.cluster.mesh import Mesh
+from meshmq.cluster.nodelink import NodeIdentity
+from meshmq.cluster.nodes import NodeLinks
 from meshmq.cluster.partitions import PartitionedLog
 from meshmq.cluster.retained import OwnedRetained
 from meshmq.cluster.routes import REMOTE_BASE
 from meshmq.cluster.sockets import MeshSockets
 from meshmq.cluster.stats import MeshStatistics
+from meshmq.cluster.tcplinks import NodeSockets
 
 log = logging.getLogger("meshmq.mesh")
 
@@ -56,7 +59,7 @@ def join_router(mesh: Mesh, router: Router, decode: Callable[[bytes, float], Mes
     def forwarded(peer: int, frame: Forward) -> None:
         now = mesh.io.now()
         message = decode(frame.message, now)
-        if message.position is not None:
+        if message.position is not None and peer < REMOTE_BASE:  # (this node's log only)
             on_position(message.position)
         groups = frame.groups
         if peer >= REMOTE_BASE and mesh.node_links is not None:  # from another node: relay
@@ -75,7 +78,9 @@ class WorkerCluster:
     """One worker's cluster side: its mesh and the cluster versions of the core's
     interfaces, given to ``broker`` (see the module docstring)."""
 
-    def __init__(self, broker: Broker, worker: WorkerSpec) -> None:
+    def __init__(self, broker: Broker, worker: WorkerSpec,
+                 identity: NodeIdentity | None = None,
+                 on_cluster_id: Callable[[str], None] | None = None) -> None:
         config = broker.config
         self.broker = broker
         self.worker = worker
@@ -96,6 +101,12 @@ class WorkerCluster:
         self.statistics = MeshStatistics(mesh, self.leadership.is_statistics_owner)
         self.admin = MeshAdmin(mesh, loop)  # the operations plane's queries (node/admin/)
         join_router(mesh, broker.router, decode_message, self._forwarded_position)
+        self.nodes: NodeLinks | None = None
+        self.node_sockets: NodeSockets | None = None
+        if identity is not None:  # a node of a cluster: links to the other nodes too
+            self.nodes = NodeLinks(mesh, identity, on_cluster_id=on_cluster_id)
+            self.node_sockets = NodeSockets(loop, self.sockets, self.nodes,
+                                            config.cluster.listen, config.cluster.seeds)
         mesh.on_congested = self._congested
         self._congestion_logged = -1e9
         broker.use(mesh, self.log, self.retained, self.directory, self.statistics)
@@ -118,8 +129,11 @@ class WorkerCluster:
                         "publishing to it (episodes=%d)", peer, self.mesh.counters["congested"])
 
     async def start(self) -> None:
-        """Link to every peer (before the broker restores its state)."""
+        """Link to every peer (before the broker restores its state); in a cluster, listen
+        on the cluster port and dial the other nodes (they link as they come)."""
         await self.sockets.start(self.mesh)
+        if self.node_sockets is not None:
+            await self.node_sockets.start()
 
     def started(self) -> None:
         """The broker restored its state: register its sessions with their owners and hand
@@ -128,4 +142,6 @@ class WorkerCluster:
         self.retained.migrate()
 
     def close(self) -> None:
+        if self.node_sockets is not None:
+            self.node_sockets.close()
         self.sockets.close()

@@ -28,7 +28,7 @@ def run_server(config: BrokerConfig, source: ConfigSource | None = None) -> int:
         log.error("%s", error)
         return error.exit_status
     count = resolve_workers(config.server.workers)
-    if count > 1:
+    if count > 1 or config.cluster.enabled:  # (a cluster node of one worker too)
         return supervise(config, count, source)
     reloader = ConfigReloader(source, config) if source is not None else None
     return run_node(config, reloader)

@@ -16,11 +16,13 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshmq.broker.broker import Broker
 from meshmq.broker.transport.listeners import Listeners
+from meshmq.cluster.nodelink import NodeIdentity
 from meshmq.cluster.spec import WorkerSpec
 from meshmq.cluster.workers import WorkerCluster
 from meshmq.config import BrokerConfig, listen_address, redact_url
@@ -28,6 +30,7 @@ from meshmq.logsetup import kv
 from meshmq.node.admin import AdminError
 from meshmq.node.admin.views import WorkerViews
 from meshmq.node.descriptors import raise_file_limit, reserve_descriptors
+from meshmq.node.identity import read_identity, read_secret, store_cluster_id
 from meshmq.node.reload import ConfigReloader
 from meshmq.node.startup import StartupError, prepare_data_dir, starting
 from meshmq.node.webhooks import CLOSE_GRACE, Webhooks
@@ -68,7 +71,7 @@ class BrokerServer:
             broker = self.broker = Broker(self.config, loop, worker.index, worker.count,
                                           open_log=False)
             self.start_webhooks(broker)
-            cluster = self.cluster = WorkerCluster(broker, worker)
+            cluster = self.cluster = WorkerCluster(broker, worker, *self._node_identity(worker))
             await cluster.start()  # linked to every peer before the state is restored
             broker.start()
             cluster.started()
@@ -99,6 +102,19 @@ class BrokerServer:
             tmp = f"{cfg.port_file}.tmp"
             Path(tmp).write_text(text)
             os.replace(tmp, cfg.port_file)  # readers never see a half-written file
+
+    def _node_identity(self, worker: WorkerSpec
+                       ) -> tuple[NodeIdentity | None, Callable[[str], None] | None]:
+        """A node of a cluster: who it is to the other nodes (node/identity.py), and what to
+        do when it learns its cluster's id."""
+        config = self.config
+        cluster = config.cluster
+        if not cluster.enabled:
+            return None, None
+        found = read_identity(config.server.data_dir) or {}
+        identity = NodeIdentity(cluster.node_id, int(worker.token, 16), read_secret(config),
+                                str(found.get("cluster_id", "")), cluster.advertised)
+        return identity, partial(store_cluster_id, config.server.data_dir, cluster.node_id)
 
     def start_webhooks(self, broker: Broker) -> None:
         """With ``hooks.url``: events go to a queue that a task of their own posts from."""

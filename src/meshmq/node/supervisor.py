@@ -62,6 +62,7 @@ from meshmq.config import BrokerConfig, split_listen
 from meshmq.log.commit_log import lock_node_log
 from meshmq.log.errors import LogError
 from meshmq.logsetup import set_worker
+from meshmq.node.identity import prepare_identity, read_secret
 from meshmq.node.reload import ConfigReloader, ConfigSource
 from meshmq.node.server import run_worker
 from meshmq.node.startup import (
@@ -114,6 +115,7 @@ def reserve_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socke
             taken[(family, *sock.getsockname()[:2])] = spec.name
             ports[spec.name] = sock.getsockname()[1]
         config = _reserve_admin(config, sockets)
+        config = _reserve_cluster(config, sockets)
     except BaseException:
         for sock in sockets:
             sock.close()
@@ -133,6 +135,22 @@ def _reserve_admin(config: BrokerConfig, sockets: list[socket.socket]) -> Broker
     listen = f"[{host}]" if ":" in host else host
     admin = dataclasses.replace(config.admin, listen=f"{listen}:{sock.getsockname()[1]}")
     return dataclasses.replace(config, admin=admin)
+
+
+def _reserve_cluster(config: BrokerConfig, sockets: list[socket.socket]) -> BrokerConfig:
+    """Hold the cluster port as the MQTT ones are: every worker listens on it
+    (cluster/tcplinks.py), and port 0 becomes one concrete port for all of them (and what
+    other nodes dial, unless cluster.advertise says otherwise)."""
+    cluster = config.cluster
+    if not cluster.enabled:
+        return config
+    host, port = split_listen(cluster.listen)
+    family, address = _resolve("cluster", host, port)
+    sock = _reserve("cluster", host, port, family, address)
+    sockets.append(sock)
+    shown = f"[{host}]" if ":" in host else host
+    listen = f"{shown}:{sock.getsockname()[1]}"
+    return dataclasses.replace(config, cluster=dataclasses.replace(cluster, listen=listen))
 
 
 def _resolve(name: str, bind: str, port: int) -> tuple[int, tuple[object, ...]]:
@@ -205,6 +223,8 @@ def port_file_text(config: BrokerConfig) -> str:
     lines = [str(config.server.port)] + [f"{spec.name}={spec.port}" for spec in specs]
     if config.admin.listen:
         lines.append(f"admin={split_listen(config.admin.listen)[1]}")
+    if config.cluster.enabled:
+        lines.append(f"cluster={split_listen(config.cluster.listen)[1]}")
     return "\n".join(lines) + "\n"
 
 
@@ -217,6 +237,7 @@ def check_files(config: BrokerConfig) -> None:
     if any(spec.tls for spec in listener_specs(config)):
         build_server_context(config.tls)
     parse_fsync_rules(config.log.fsync_rules)  # every worker opens log partitions
+    read_secret(config)
 
 
 def lock_log(config: BrokerConfig) -> int | None:
@@ -559,6 +580,7 @@ def supervise(config: BrokerConfig, count: int, source: ConfigSource | None = No
         with starting(config.server.data_dir):
             check_files(config)
             prepare_data_dir(config.server.data_dir)
+            prepare_identity(config)
             worker_config, sockets = reserve_ports(config)
             worker_config = share_node_limits(worker_config, count)
         log_lock = lock_log(config)

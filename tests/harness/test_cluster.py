@@ -1,0 +1,158 @@
+"""Nodes on 127.0.0.1 linked into one cluster (``[cluster]``): real ``meshmq serve``
+processes, each with its own ports and data directory, real paho clients.
+
+The first node starts the cluster (no seeds); the others name it as their seed and learn the
+rest from it. Each node's cluster port is ephemeral (``listen = "127.0.0.1:0"``): the
+supervisor picks it and the port file says which (``cluster=PORT``).
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from nodes import Node, Nodes
+
+from conftest import Client, wait_for
+
+SECRET = "correct horse battery staple\n"
+
+
+def cluster_config(tmp: Path, name: str, seeds: list[str], secret: str = SECRET,
+                   extra: str = "") -> str:
+    secret_file = tmp / f"{name}.secret"
+    secret_file.write_text(secret)
+    listed = ", ".join(f'"{seed}"' for seed in seeds)
+    return (f'[cluster]\nnode_id = "{name}"\nlisten = "127.0.0.1:0"\nseeds = [{listed}]\n'
+            f'secret_file = "{secret_file}"\n{extra}')
+
+
+@contextmanager
+def start_cluster(tmp: Path, count: int, workers: int = 2, extra: str = ""
+                  ) -> Iterator[Nodes]:
+    """``count`` nodes of ``workers`` workers, each seeded with the first; yielded once every
+    worker of every node has linked every other node."""
+    nodes = Nodes([])
+    try:
+        for index in range(count):
+            name = f"n{index + 1}"
+            seeds = [f"127.0.0.1:{nodes[0].ports['cluster']}"] if index else []
+            node = Node(name, tmp / name, cluster_config(tmp, name, seeds, extra=extra),
+                        workers)
+            nodes.members.append(node)
+            node.start()
+        for node in nodes:
+            wait_for(lambda node=node: linked(node) >= workers * (count - 1),
+                     what=f"{node.name}'s workers to link every other node")
+        yield nodes
+    finally:
+        nodes.stop_all()
+
+
+def linked(node: Node) -> int:
+    """Links this node's workers dialed and finished (the log's ``linked node=`` lines)."""
+    return len(set(re.findall(r"linked node=(\S+) .* worker=(\d+)$", node.log(), re.M)))
+
+
+def connect(client_factory: Callable[..., Client], node: Node, client_id: str) -> Client:
+    client = client_factory(client_id)
+    client.connect(node.port)
+    return client
+
+
+def test_a_publish_on_any_node_reaches_every_subscriber_on_every_node_once(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    with start_cluster(tmp_path, 3) as nodes:
+        subscribers = []
+        for node in nodes:
+            for n in range(2):  # two per node: the kernel may put them on either worker
+                client = connect(client_factory, node, f"sub-{node.name}-{n}")
+                client.subscribe("fleet/+/temp", qos=1)
+                subscribers.append(client)
+        publishers = [connect(client_factory, node, f"pub-{node.name}") for node in nodes]
+        sent = []
+        for round_ in range(5):
+            for publisher, node in zip(publishers, nodes, strict=True):
+                payload = f"{node.name}:{round_}"
+                publisher.publish(f"fleet/{node.name}/temp", payload, qos=1)
+                sent.append(payload.encode())
+        for publisher, node in zip(publishers, nodes, strict=True):  # the barrier: last
+            publisher.publish(f"fleet/{node.name}/temp", f"end:{node.name}", qos=1)
+        for subscriber in subscribers:
+            got: list[bytes] = []
+            ends: set[bytes] = set()
+            while len(ends) < len(nodes):
+                payload = subscriber.expect().payload
+                (ends.add if payload.startswith(b"end:") else got.append)(payload)
+            assert sorted(got) == sorted(sent)  # each once: none lost, none twice
+            subscriber.expect_none(0.2)
+
+
+def test_shared_subscribers_across_nodes_get_each_message_once(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    with start_cluster(tmp_path, 3) as nodes:
+        members = []
+        for node in nodes:
+            member = connect(client_factory, node, f"worker-{node.name}")
+            member.subscribe("$share/jobs/jobs/#", qos=1)
+            members.append(member)
+        publisher = connect(client_factory, nodes[1], "dispatcher")
+        for n in range(60):
+            publisher.publish("jobs/run", f"{n}", qos=1)
+        got: list[bytes] = []
+        while len(got) < 60:
+            for member in members:
+                try:
+                    got.append(member.expect(timeout=0.05).payload)
+                except queue.Empty:  # that member has none now
+                    continue
+        assert sorted(got) == sorted(f"{n}".encode() for n in range(60))
+
+
+def test_a_node_without_the_secret_is_refused(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    with start_cluster(tmp_path, 2, workers=1) as nodes:
+        seed = f"127.0.0.1:{nodes[0].ports['cluster']}"
+        stranger = Node("intruder", tmp_path / "intruder",
+                        cluster_config(tmp_path, "intruder", [seed], secret="guess\n"))
+        nodes.members.append(stranger)
+        stranger.start()
+        wait_for(lambda: "does not know the cluster secret" in nodes[0].log(),
+                 what="the seed to refuse the stranger")
+        spy = connect(client_factory, stranger, "spy")
+        spy.subscribe("#", qos=1)
+        inside = connect(client_factory, nodes[1], "inside")
+        inside.subscribe("plans/#", qos=1)
+        connect(client_factory, nodes[0], "ceo").publish("plans/q4", "secret", qos=1)
+        assert inside.expect().payload == b"secret"  # the barrier: it has crossed the cluster
+        spy.expect_none(0.3)
+        assert linked(stranger) == 0
+
+
+def test_a_killed_node_leaves_the_others_serving_each_other(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    with start_cluster(tmp_path, 3, workers=1) as nodes:
+        subscriber = connect(client_factory, nodes[2], "sub")
+        subscriber.subscribe("t", qos=1)
+        publisher = connect(client_factory, nodes[0], "pub")
+        publisher.publish("t", "before", qos=1)
+        assert subscriber.expect().payload == b"before"
+        nodes[1].kill()
+        publisher.publish("t", "after", qos=1)
+        assert subscriber.expect().payload == b"after"
+        wait_for(lambda: "link to node lost node=n2" in nodes[0].log(),
+                 what="n1 to see n2 gone")
+
+
+def test_a_data_directory_of_another_node_is_refused(tmp_path: Path) -> None:
+    node = Node("n1", tmp_path / "n1", cluster_config(tmp_path, "n1", []))
+    node.start()
+    node.stop()
+    node.config = cluster_config(tmp_path, "n9", [])
+    with pytest.raises(Exception, match="holds the data of node 'n1'"):
+        node.start()
+    assert node.proc is not None and node.proc.wait() == 2
