@@ -8,8 +8,13 @@ supervisor picks it and the port file says which (``cluster=PORT``).
 
 from __future__ import annotations
 
+import json
 import queue
 import re
+import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -156,3 +161,66 @@ def test_a_data_directory_of_another_node_is_refused(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="holds the data of node 'n1'"):
         node.start()
     assert node.proc is not None and node.proc.wait() == 2
+
+
+ADMIN_KEY = "cluster-admin-key"
+
+
+def test_cluster_status_shows_every_node_linked_and_a_dead_one_down(
+        tmp_path: Path) -> None:
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+    with start_cluster(tmp_path, 3, workers=2, extra=admin) as nodes:
+        url = f"http://127.0.0.1:{nodes[0].ports['admin']}"
+        command = [sys.executable, "-m", "meshmq", "cluster", "status", "--admin", url,
+                   "--api-key", ADMIN_KEY]
+        shown = subprocess.run([*command, "--json"], capture_output=True, text=True,
+                               timeout=30, check=True)
+        state = json.loads(shown.stdout)
+        assert state["node_id"] == "n1" and state["cluster_id"]
+        assert [(n["node_id"], n["linked"]) for n in state["nodes"]] == [("n2", 2), ("n3", 2)]
+        nodes[2].kill()
+
+        def status() -> str:
+            return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+
+        text = wait_for(lambda: (lambda t: t if re.search(r"^n3 .* down$", t, re.M) else "")(
+            status()), timeout=30, what="n3 shown down")
+        assert re.search(r"^n2\s+127\.0\.0\.1:\d+\s+2/2\s+linked$", text, re.M), text
+        assert re.search(r"^n3\s+127\.0\.0\.1:\d+\s+0/2\s+down$", text, re.M), text
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free now (the kernel's choice, then released): for a command that takes them."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    mqtt_port, _, cluster_port, _ = free_ports(4)
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "meshmq", "cluster", "dev", "--nodes", "2", "--dir",
+         str(tmp_path / "dev"), "--port", str(mqtt_port), "--cluster-port", str(cluster_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        logs = [tmp_path / "dev" / name / "node.log" for name in ("n1", "n2")]
+        wait_for(lambda: all(log.exists() and "linked node=" in log.read_text()
+                             for log in logs), timeout=30, what="the two nodes to link")
+        subscriber = client_factory("dev-sub")
+        subscriber.connect(mqtt_port + 1)
+        subscriber.subscribe("dev/#", qos=1)
+        publisher = client_factory("dev-pub")
+        publisher.connect(mqtt_port)
+        publisher.publish("dev/hello", "from n1", qos=1)
+        assert subscriber.expect().payload == b"from n1"
+    finally:
+        dev.send_signal(signal.SIGINT)
+        output, _ = dev.communicate(timeout=60)
+    assert dev.returncode == 0, output
+    assert "2 nodes on 127.0.0.1" in output

@@ -49,6 +49,7 @@ class WorkerViews:
             "partitions": lambda args: self.partitions(),
             "segments": lambda args: self.segments(args["partition"]),
             "cursors": lambda args: self.cursors(),
+            "cluster": lambda args: self.cluster_view(),
         }
 
     def answer(self, query: str, args: dict[str, Any]) -> Any:
@@ -56,6 +57,21 @@ class WorkerViews:
         if view is None:
             raise KeyError(f"no admin query {query!r}")
         return view(args)
+
+    def cluster_view(self) -> dict[str, Any] | None:
+        """This worker's links to the other nodes (None: no cluster): for each node it knows,
+        whether its own dialed link is up and whether it suspects it."""
+        links = self.cluster.nodes if self.cluster is not None else None
+        if links is None:
+            return None
+        up = set(links.linked_nodes().values())
+        suspected = {link.remote.hello.node_id for link in links.mesh.remote.values()
+                     if link.remote.suspect and link.remote.hello is not None}
+        return {"node_id": links.identity.node_id, "cluster_id": links.identity.cluster_id,
+                "nodes": [{"node_id": node.node_id, "address": node.address,
+                           "linked": node.node_id in up, "suspected": node.node_id in suspected}
+                          for node in sorted(links.nodes.values(), key=lambda n: n.node_id)],
+                "counters": dict(links.counters)}
 
     def worker(self) -> dict[str, Any]:
         broker = self.broker
