@@ -10,10 +10,12 @@ voters start, since every voter must know the others' addresses up front. Each v
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -113,6 +115,23 @@ class MetaNode:
         return MetaClient(self.socket)
 
 
+def cut_journal(path: Path, keep: int) -> None:
+    """Cut pysyncobj's journal after the record of index ``keep``, as an unclean stop leaves
+    it when the pages of its last records never reached the disk (its header names the end)."""
+    data = bytearray(path.read_bytes())
+    header = 24 + 8 + 4 + 4
+    end = struct.unpack_from("<I", data, header - 4)[0]
+    offset = kept_end = header
+    while offset < end:
+        size = struct.unpack_from("<I", data, offset)[0]
+        if struct.unpack_from("<Q", data, offset + 4)[0] > keep:
+            break
+        offset += size + 8
+        kept_end = offset
+    struct.pack_into("<I", data, header - 4, kept_end)
+    path.write_bytes(bytes(data))
+
+
 def wait_until(condition: Callable[[], Any], timeout: float = WAIT, what: str = "condition"
                ) -> Any:
     deadline = time.monotonic() + timeout
@@ -129,7 +148,9 @@ async def wait_until_async(condition: Callable[[], Any], timeout: float = WAIT,
                            what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:
-        value = await condition() if asyncio.iscoroutinefunction(condition) else condition()
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() > deadline:

@@ -8,11 +8,12 @@ as the client is open. Requests are coroutines on the caller's loop: each waits 
 answer until its deadline (``request_timeout``, a little longer than the service's own, so
 the service's ``NoQuorum`` with its reason arrives first).
 
-Lost connections. A request whose answer has not come is sent again on the next connection:
-a write with the same request id, so it applies at most once (cluster/metastate.py), and a
-read as it is. A request never sent before its deadline raises ``NoQuorum`` (it did not
-apply: the service could not be reached); one sent and not answered raises ``Timeout`` (its
-outcome is unknown).
+Lost connections. The client sends nothing on a connection before the service's greeting
+(a refused connection is closed before one). A request whose answer has not come is sent
+again on the next connection: a write with the same request id, so it applies at most once
+(cluster/metastate.py), and a read as it is. A request never sent before its deadline
+raises ``NoQuorum`` (it did not apply: the service could not be reached); one sent and not
+answered raises ``Timeout`` (its outcome is unknown).
 
 Watches. With at least one watch, the client asks the service for changes on each
 connection and keeps a mirror of the state (``view_nowait``). Watch callbacks see each
@@ -162,19 +163,26 @@ class MetaClient:
     def _opened(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self._decoder = FrameDecoder()
+
+    def _greeted(self) -> None:
+        self._connected.set()
         if self._watches:
             self._send_now({"id": 0, "op": "watch"})
         for ident in sorted(self._pending):
             self._send_pending(self._pending[ident])
-        self._connected.set()
 
     def _closed(self) -> None:
         was_connected = self._connected.is_set()
         self._transport = None
         self._connected.clear()
         self._lost.set()
-        if was_connected and not self._closing:
+        if self._closing:
+            return
+        if was_connected:
             log.warning("metadata service connection lost socket=%r", self.socket_name[1:])
+        else:
+            log.debug("metadata service closed the connection before its greeting (this "
+                      "process refused?) socket=%r", self.socket_name[1:])
 
     def _received(self, data: bytes) -> None:
         try:
@@ -187,6 +195,9 @@ class MetaClient:
                 self._transport.abort()
 
     def _handle(self, message: dict[str, Any]) -> None:
+        if "hello" in message:
+            self._greeted()
+            return
         if "change" in message:
             self._changed(change_from_json(message["change"]))
             return
@@ -198,7 +209,7 @@ class MetaClient:
 
     def _send_now(self, message: dict[str, Any]) -> bool:
         transport = self._transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or not self._connected.is_set():
             return False
         transport.write(encode(message))
         return True

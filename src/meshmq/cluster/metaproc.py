@@ -230,6 +230,7 @@ class _Session(asyncio.Protocol):
             return
         self.transport = stream
         self.service._sessions.add(self)
+        self.send({"hello": self.service.node_id})
 
     def data_received(self, data: bytes) -> None:
         if self.transport is None:

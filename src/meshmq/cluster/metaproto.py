@@ -3,7 +3,9 @@
 A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON, one object each
 (values are JSON already; a frame is capped at ``MAX_FRAME``). The worker's client
 (cluster/metaclient.py) sends requests, each with an ``id`` of its choosing; the service
-(cluster/metaproc.py) answers each once, in any order, with the same ``id``::
+(cluster/metaproc.py) first greets a client it accepts with ``{"hello": node id}`` (a
+client sends nothing before: a connection closed without a greeting was refused, and nothing
+sent on it was read), then answers each request once, in any order, with the same ``id``::
 
     {"id": 1, "op": "read"}                      -> {"id": 1, "view": VIEW}
     {"id": 2, "op": "cas", "key": "k", "expected": 0, "value": V,

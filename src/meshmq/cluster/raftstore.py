@@ -31,7 +31,7 @@ Guards for pysyncobj's weak spots:
   keep the writer from waiting on one, and stop the old leader from answering as one.
 * No PreVote: a voter that restarts campaigns when its election timeout passes before it has
   heard from the leader, which deposes a healthy leader. A voter that starts again on its
-  files waits ``startup_grace`` before its first campaign (long enough to connect and hear
+  files waits a dial retry more before its first campaign (long enough to connect and hear
   the leader; a new cluster's voters, with no files, do not wait);
   a voter that is only partly cut off can still force elections (liveness, never safety;
   docs/cluster.md).
@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -107,7 +108,6 @@ class RaftSettings:
     compaction_entries: int = 1000  # compact the log past this many entries...
     compaction_seconds: float = 60.0  # ... or this long after the last compaction
     request_timeout: float = 5.0  # a request's deadline (the bounded wait for a majority)
-    startup_grace: float = 2.0  # no campaign this long after start
 
     @property
     def leader_fallback(self) -> float:
@@ -271,11 +271,15 @@ class RaftStore:
 
     def _delay_first_campaign(self) -> None:
         # pysyncobj has no setting for it: its first election deadline is set in __init__,
-        # and its thread ticks 0.1 s after, so moving the deadline here comes first.
+        # and its thread ticks 0.1 s after, so moving the deadline here comes first. Drawn
+        # at random, as election timeouts are, so that voters restarted together do not
+        # split their votes.
         assert self._syncobj is not None
         deadline = "_SyncObj__raftElectionDeadline"
+        settings = self.settings
         if hasattr(self._syncobj, deadline):
-            setattr(self._syncobj, deadline, monotonic() + self.settings.startup_grace)
+            setattr(self._syncobj, deadline, monotonic() + settings.connection_retry
+                    + random.uniform(settings.election_min, settings.election_max))
 
     async def close(self) -> None:
         syncobj, self._syncobj = self._syncobj, None
