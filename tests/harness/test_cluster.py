@@ -9,6 +9,7 @@ supervisor picks it and the port file says which (``cluster=PORT``).
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import signal
@@ -224,3 +225,60 @@ def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
         output, _ = dev.communicate(timeout=60)
     assert dev.returncode == 0, output
     assert "2 nodes on 127.0.0.1" in output
+
+
+LONG = os.environ.get("MESHMQ_FAULTS") == "1"
+
+
+@pytest.mark.faults
+@pytest.mark.skipif(not LONG, reason="the long fault suite runs with MESHMQ_FAULTS=1 "
+                    "(docs/testing.md)")
+def test_a_node_cut_off_is_suspected_declared_dead_and_relinked_after_the_heal(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """The links the others dial to n2 go through a proxy (n2 advertises it); a blackhole
+    stalls them without closing anything, as a network partition does. Heartbeats make n1
+    suspect n2, then close the link as dead; after the heal it links again and routes to n2;
+    n3 is served throughout."""
+    from proxy import Proxy
+
+    nodes = Nodes([])
+    try:
+        n1 = Node("n1", tmp_path / "n1", cluster_config(tmp_path, "n1", []))
+        nodes.members.append(n1)
+        n1.start()
+        seed = f"127.0.0.1:{n1.ports['cluster']}"
+        holder: dict[str, Node] = {}
+        proxy = Proxy(lambda: ("127.0.0.1", holder["n2"].ports["cluster"])).start()
+        host, port = proxy.address()
+        n2 = Node("n2", tmp_path / "n2", cluster_config(
+            tmp_path, "n2", [seed], extra=f'advertise = "{host}:{port}"\n'))
+        holder["n2"] = n2
+        nodes.members.append(n2)
+        n2.start()
+        n3 = Node("n3", tmp_path / "n3", cluster_config(tmp_path, "n3", [seed]))
+        nodes.members.append(n3)
+        n3.start()
+        for node in nodes:
+            wait_for(lambda node=node: linked(node) >= 2, what=f"{node.name} to link")
+        on_n2 = connect(client_factory, n2, "on-n2")
+        on_n2.subscribe("t", qos=1)
+        on_n3 = connect(client_factory, n3, "on-n3")
+        on_n3.subscribe("t", qos=1)
+        publisher = connect(client_factory, n1, "pub")
+        publisher.publish("t", "before", qos=1)
+        assert on_n2.expect().payload == b"before" and on_n3.expect().payload == b"before"
+        proxy.blackhole()
+        wait_for(lambda: "node suspected node=n2" in n1.log(), timeout=30,
+                 what="n1 to suspect n2")
+        wait_for(lambda: "node n2 silent" in n1.log(), timeout=30, what="n1 to drop n2")
+        publisher.publish("t", "during", qos=1)
+        assert on_n3.expect().payload == b"during"  # the others go on
+        proxy.heal()
+        wait_for(lambda: re.search(r"linked node=n2 .*\n(?!.*link to node lost node=n2)",
+                                   n1.log().rsplit("node n2 silent", 1)[1]), timeout=30,
+                 what="n1's new link to n2")
+        publisher.publish("t", "after", qos=1)
+        assert on_n2.expect().payload == b"after"  # routed to n2 again
+        proxy.close()
+    finally:
+        nodes.stop_all()
