@@ -10,9 +10,13 @@ What reaches the disk. pysyncobj writes log records into an mmap and never syncs
 writes its term and vote with a rename but no fsync: a kill -9 loses none of it (the page
 cache survives the process), a power loss can. A voter that forgets a record it acknowledged,
 or a vote it gave, can let Raft lose a committed entry, and a lost epoch could be handed out
-twice. ``DurableJournal`` closes that: every record is synced (msync) before pysyncobj goes on
-to acknowledge it, and term and vote are fsynced (file, then directory) before any message
-that depends on them is sent. A compaction rewrites the log and syncs once at its end.
+twice. ``DurableJournal`` closes that: the records written since the last sync are synced
+(msync) before this voter sends any message (``sync_pending``, called by the Raft transport:
+cluster/raftstore.py), so before it acknowledges them to a leader and, as a leader, before
+it sends them (it counts itself in the majority that commits them); term and vote are
+fsynced (file, then directory) as they are written, before any message that depends on them.
+One sync covers every record a message carries (group commit), which matters because
+pysyncobj sends a lagging follower overlapping ranges again and again.
 
 The start-up check (upstream pysyncobj issue 197). After an unclean stop, ``journal.meta``
 can name a commit index past the last record the journal holds: the meta file and the mmap
@@ -131,50 +135,62 @@ class DurableJournal(FileJournal):  # (pysyncobj has no type hints: FileJournal 
     """pysyncobj's file journal, synced as the module docstring says."""
 
     def __init__(self, journal_file: str) -> None:
-        self._batch = 0  # > 0 while a compaction rewrites the log: sync once at its end
+        self.dirty = False
         super().__init__(journal_file)
         self._FileJournal__metaStorer = _DurableMetaStorer(journal_file + ".meta")
 
-    def _sync(self) -> None:
-        if not self._batch:
+    def sync_pending(self) -> None:
+        """Sync what was written since the last call (nothing to do: no system call)."""
+        if self.dirty:
+            self.dirty = False
             self.flush()
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         super().add(command, idx, term)
-        self._sync()
+        self.dirty = True
 
     def clear(self) -> None:
         super().clear()
-        self._sync()
+        self.dirty = True
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         super().deleteEntriesFrom(entryFrom)
-        self._sync()
+        self.dirty = True
 
     def deleteEntriesTo(self, entryTo: int) -> None:
-        self._batch += 1
-        try:
-            super().deleteEntriesTo(entryTo)
-        finally:
-            self._batch -= 1
-        self._sync()
+        super().deleteEntriesTo(entryTo)
+        self.sync_pending()  # a compaction is not followed by a send: sync it now
+
+
+class JournalRef:
+    """The journal a SyncObj being built got (for its transport, built right after it)."""
+
+    journal: DurableJournal | None = None
+
+    def sync_pending(self) -> None:
+        if self.journal is not None:
+            self.journal.sync_pending()
 
 
 _factory_lock = threading.Lock()
 
 
 @contextmanager
-def durable_journals() -> Iterator[None]:
-    """While inside, a SyncObj being built gets a ``DurableJournal``. pysyncobj builds its
-    journal in ``SyncObj.__init__`` with its module's ``createJournal`` and offers no hook
-    (pinned pysyncobj version: pyproject.toml)."""
+def durable_journals() -> Iterator[JournalRef]:
+    """While inside, a SyncObj being built gets a ``DurableJournal``, which the ``JournalRef``
+    yielded then names. pysyncobj builds its journal in ``SyncObj.__init__`` with its module's
+    ``createJournal`` and offers no hook (pinned pysyncobj version: pyproject.toml)."""
+    ref = JournalRef()
 
     def create(journal_file: str | None) -> Any:
-        return createJournal(None) if journal_file is None else DurableJournal(journal_file)
+        if journal_file is None:
+            return createJournal(None)
+        ref.journal = DurableJournal(journal_file)
+        return ref.journal
 
     with _factory_lock:
         pysyncobj.syncobj.createJournal = create
         try:
-            yield
+            yield ref
         finally:
             pysyncobj.syncobj.createJournal = createJournal

@@ -24,7 +24,7 @@ or no majority, else ``Timeout``; both mean "may still apply" (metadata.py).
 Guards for pysyncobj's weak spots:
 
 * A leader cut off from the majority does not step down by itself in Raft without
-  CheckQuorum: pysyncobj's ``leaderFallbackTimeout`` (30 s by default) is set to the minimum
+  CheckQuorum: pysyncobj's ``leaderFallbackTimeout`` (30 s by default) is set to the maximum
   election timeout, so a leader that heard from no majority for that long becomes a follower;
   and a leader that is not connected to a majority takes no write at all (it is not even put
   in its log). Raft itself keeps an entry of a cut-off leader from being committed; these
@@ -58,6 +58,8 @@ from typing import Any
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.monotonic import monotonic
 from pysyncobj.syncobj import SyncObjException
+from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.transport import TCPTransport
 
 from meshmq.cluster.metadata import (
     CasResult,
@@ -75,12 +77,20 @@ from meshmq.cluster.metadata import (
     put_member,
 )
 from meshmq.cluster.metastate import Command, MetaState, Op
-from meshmq.cluster.raftdisk import DUMP, JOURNAL, RaftFilesError, check_files, durable_journals
+from meshmq.cluster.raftdisk import (
+    DUMP,
+    JOURNAL,
+    JournalRef,
+    RaftFilesError,
+    check_files,
+    durable_journals,
+)
 
 log = logging.getLogger("meshmq.metadata")
 
 RETRY_FIRST = 0.02  # seconds before a write that did not apply is submitted again
 RETRY_MAX = 0.4
+DIAL_TIMEOUT = 1.0  # a dial of another voter not through by then is made again
 _STATE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
 _NOT_APPLIED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED,
                 FAIL_REASON.NOT_LEADER, FAIL_REASON.REQUEST_DENIED}
@@ -108,11 +118,16 @@ class RaftSettings:
     compaction_entries: int = 1000  # compact the log past this many entries...
     compaction_seconds: float = 60.0  # ... or this long after the last compaction
     request_timeout: float = 5.0  # a request's deadline (the bounded wait for a majority)
+    # TCP keepalive (idle s, probe interval s, probes): a link whose peer is cut off is ended
+    # in about 4 s, also between followers, which send each other nothing
+    keepalive: tuple[int, int, int] = (1, 1, 3)
 
     @property
     def leader_fallback(self) -> float:
-        """A leader that heard from no majority this long steps down."""
-        return self.election_min
+        """A leader that heard from no majority this long steps down: as long as a follower
+        waits before it campaigns, so a loaded machine's slow answers do not depose a leader
+        the followers still hear."""
+        return self.election_max
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +182,51 @@ class _Replicated(SyncObjConsumer):  # (pysyncobj has no type hints)
         with self.lock:
             self.state = MetaState.from_plain(data["state"])
             self.changed(self.state.reset_change())
+
+
+class _Transport(TCPTransport):
+    """pysyncobj's TCP transport, which syncs the journal before each message it sends
+    (cluster/raftdisk.py: nothing is acknowledged or counted before it is on disk), with a
+    deadline on dials. pysyncobj looks at a link's
+    timeout only when its socket has an event, and a dial to a host that is cut off has none
+    until the kernel gives up on its SYNs (two minutes): after a partition heals, the voters
+    would stay apart that long. A dial not through within ``DIAL_TIMEOUT`` is dropped and
+    made again at the next retry. (A link that stalls once up is ended by TCP keepalive:
+    ``RaftSettings.keepalive``.)"""
+
+    def __init__(self, journal: JournalRef, syncobj: Any, self_node: Any,
+                 other_nodes: Any) -> None:
+        self._journal = journal
+        self._dial_started: dict[Any, float] = {}
+        super().__init__(syncobj, self_node, other_nodes)
+
+    def send(self, node: Any, message: Any) -> bool:
+        self._journal.sync_pending()
+        return bool(super().send(node, message))
+
+    def _onTick(self) -> None:  # pysyncobj's name; called by its thread each tick
+        super()._onTick()
+        self._journal.sync_pending()  # a voter alone sends nothing, and commits at next tick
+        now = monotonic()
+        for node, connection in list(self._connections.items()):
+            if connection.state != CONNECTION_STATE.CONNECTING:
+                self._dial_started.pop(node, None)
+            elif now - self._dial_started.setdefault(node, now) > DIAL_TIMEOUT:
+                self._dial_started.pop(node, None)
+                connection.disconnect()
+
+
+class _Resends(logging.Filter):
+    """pysyncobj logs at CRITICAL each time a follower is sent entries it has already applied
+    ("state machine may have diverged"). They are the same entries (their predecessor's index
+    and term matched, and Raft's log matching then makes them equal), and pysyncobj resends
+    overlapping ranges to every follower that lags a little: the line would fill the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("truncating already-applied log entries")
+
+
+logging.getLogger("pysyncobj.syncobj").addFilter(_Resends())
 
 
 class RaftWatch:
@@ -232,9 +292,10 @@ class RaftStore:
             log.warning("metadata start: %s", repaired)
         rejoining = (self.directory / JOURNAL).exists()
         conf = self._conf()
-        with durable_journals():
+        with durable_journals() as journal:
             self._syncobj = SyncObj(self.address, list(self.peers), conf,
-                                    consumers=[self._replicated])
+                                    consumers=[self._replicated],
+                                    transportClass=functools.partial(_Transport, journal))
         if rejoining:  # a new cluster has no leader to disrupt: no grace for it
             self._delay_first_campaign()
         try:
@@ -267,6 +328,7 @@ class RaftStore:
             bindRetryTime=0.2,
             maxBindRetries=10,
             onStateChanged=self._state_changed,
+            tcp_keepalive=settings.keepalive,
         )
 
     def _delay_first_campaign(self) -> None:
