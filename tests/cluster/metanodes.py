@@ -54,6 +54,7 @@ class MetaNode:
     secret_file: Path
     socket: str = field(default_factory=lambda: f"meshmq-test-meta-{secrets.token_hex(6)}")
     launcher: Sequence[str] = ()
+    extra: Sequence[str] = ()  # more arguments of ``serve``
     proc: subprocess.Popen[bytes] | None = None
     runs: int = 0
 
@@ -70,6 +71,7 @@ class MetaNode:
                    str(self.secret_file)]
         for peer in self.peers:
             command += ["--peer", peer]
+        command += self.extra
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 
@@ -161,7 +163,8 @@ async def wait_until_async(condition: Callable[[], Any], timeout: float = WAIT,
 @contextmanager
 def meta_nodes(root: Path, count: int, host: str = "127.0.0.1",
                launchers: Sequence[Sequence[str]] | None = None,
-               hosts: Sequence[str] | None = None) -> Iterator[list[MetaNode]]:
+               hosts: Sequence[str] | None = None, extra: Sequence[str] = ()
+               ) -> Iterator[list[MetaNode]]:
     """``count`` voters under ``root`` (``root/n1``...), started; all stopped at the end.
     ``hosts``: each voter's address (namespaces); default ``host`` with free ports."""
     secret_file = root / "secret"
@@ -172,7 +175,7 @@ def meta_nodes(root: Path, count: int, host: str = "127.0.0.1",
         addresses = [f"{address}:{free_port()}" for address in hosts]
     nodes = [MetaNode(f"n{i + 1}", address, [a for a in addresses if a != address],
                       root / f"n{i + 1}", secret_file,
-                      launcher=launchers[i] if launchers else ())
+                      launcher=launchers[i] if launchers else (), extra=extra)
              for i, address in enumerate(addresses)]
     try:
         for node in nodes:

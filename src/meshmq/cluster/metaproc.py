@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -289,6 +290,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--secret-file", required=True, type=Path)
     serve.add_argument("--trust-user", action="store_true",
                        help="accept clients of this user that are not this node's workers")
+    serve.add_argument("--election", type=_timeouts, default=None, metavar="MIN,MAX",
+                       help="election timeouts in seconds (default: "
+                            f"{RaftSettings().election_min},{RaftSettings().election_max})")
     for name in ("read", "status", "watch"):
         commands.add_parser(name).add_argument("--socket", required=True)
     cas = commands.add_parser("cas", help="compare-and-set KEY from version EXPECTED")
@@ -303,14 +307,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _timeouts(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(",")
+    try:
+        pair = float(low), float(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected MIN,MAX in seconds") from None
+    if not 0 < pair[0] < pair[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 < MIN < MAX")
+    return pair
+
+
 async def _serve(args: argparse.Namespace) -> None:
     try:
         secret = args.secret_file.read_bytes().rstrip()
     except OSError as error:
         raise MetaStartError(f"--secret-file: cannot read {args.secret_file}: "
                              f"{error.strerror or error}", 2) from None
+    settings = RaftSettings()
+    if args.election is not None:
+        low, high = args.election  # pysyncobj wants 3 beats or more within the minimum
+        settings = dataclasses.replace(settings, election_min=low, election_max=high,
+                                       heartbeat=min(settings.heartbeat, low / 4))
     service = MetaService(args.node_id, args.raft, args.peer, args.data_dir, args.socket,
-                          secret, bind=args.bind, trust_user=args.trust_user)
+                          secret, settings, bind=args.bind, trust_user=args.trust_user)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

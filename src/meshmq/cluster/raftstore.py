@@ -292,6 +292,12 @@ class RaftStore:
             log.warning("metadata start: %s", repaired)
         rejoining = (self.directory / JOURNAL).exists()
         conf = self._conf()
+        try:
+            conf.validate()
+        except AssertionError:
+            raise MetaStartError(f"Raft settings pysyncobj refuses: {self.settings} (the "
+                                 "minimum election timeout must exceed 3 heartbeats, the "
+                                 "maximum the minimum, the link timeout the maximum)", 2) from None
         with durable_journals() as journal:
             self._syncobj = SyncObj(self.address, list(self.peers), conf,
                                     consumers=[self._replicated],
