@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from metacheck import REGISTER, Op, check, client_loop, final_register
@@ -48,7 +49,7 @@ async def wait_acknowledged(history: list[Op], after: float, count: int = 5) -> 
                if op.kind == "cas" and op.outcome == "ok" and op.start > after)
 
 
-def verdict(history: list[Op], final: dict | None) -> None:  # type: ignore[type-arg]
+def verdict(history: list[Op], final: dict[str, Any] | None) -> None:
     report = check(history, final)
     print(report.describe())
     assert report.valid, report.describe()

@@ -186,6 +186,34 @@ async def _stored_commit_index(nodes: list[MetaNode]) -> int:
     return stored()
 
 
+def test_the_client_rides_out_a_restart_of_its_service(tmp_path: Path) -> None:
+    """The client dials again while its node's service is down (kill -9); a write made
+    meanwhile is sent once the service is back; the watch goes on without a version twice
+    or an older one, though the restarted service replays its log from the start."""
+
+    async def run() -> None:
+        with meta_nodes(tmp_path, 1) as (node,):
+            client = node.client()
+            await client.connect()
+            versions: list[int] = []
+            client.watch(lambda change: versions.append(change.version))
+            for n in range(5):
+                assert (await client.cas(f"k{n}", 0, n)).ok
+            await wait_until_async(lambda: versions[-1:] == [5], what="the watch at 5")
+            node.kill()
+            async with asyncio.TaskGroup() as group:
+                write = group.create_task(client.cas("during", 0, "x"))
+                node.start()
+            assert write.result().ok
+            await wait_until_async(lambda: versions[-1:] == [6], what="the watch at 6")
+            assert versions == sorted(set(versions)), versions
+            view = client.view_nowait()
+            assert view is not None and view.value("during") == "x" and view.version == 6
+            await client.close()
+
+    asyncio.run(run())
+
+
 CLIENT = textwrap.dedent("""
     import asyncio, sys
     from meshmq.cluster.metaclient import MetaClient

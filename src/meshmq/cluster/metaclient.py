@@ -314,8 +314,11 @@ class MetaClient:
             self._deliver(change)
             return
         version, entries = mirror.catching_up
-        if version >= mirror.version:  # caught up with what the watches saw: hand it on
-            mirror.version, mirror.entries, mirror.catching_up = version, entries, None
+        if version < mirror.version:
+            return  # still behind what the watches saw
+        seen = version == mirror.version  # the same version is the same state: not again
+        mirror.version, mirror.entries, mirror.catching_up = version, entries, None
+        if not seen:
             self._deliver(Change(version, MappingProxyType(dict(entries)), reset=True))
 
     def _deliver(self, change: Change) -> None:
