@@ -7,7 +7,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshmq.cluster.metadata import CasResult, Change, Entry, NoQuorum, NotLeader, Timeout, View
@@ -32,6 +32,7 @@ json_values = st.recursive(
     max_leaves=10)
 
 
+@settings(max_examples=40)  # each example is fed byte by byte
 @given(st.lists(st.dictionaries(st.text(), json_values, max_size=4), max_size=5))
 def test_messages_survive_framing_whole_or_byte_by_byte(messages: list[dict[str, Any]]) -> None:
     data = b"".join(encode(message) for message in messages)
