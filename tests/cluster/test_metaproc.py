@@ -246,6 +246,23 @@ def test_only_this_nodes_processes_may_use_the_service(tmp_path: Path) -> None:
         wait_until(lambda: "is not a worker of this node" in node.log(), what="the refusal")
 
 
+def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> None:
+    def serve(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "meshmq.cluster.metaproc", "serve",
+                               "--node-id", "n1", "--raft", "127.0.0.1:9", "--data-dir",
+                               str(tmp_path / "n1"), "--socket", "meshmq-test-meta-bad", *args],
+                              capture_output=True, text=True, timeout=30)
+
+    missing = serve("--secret-file", str(tmp_path / "absent"))
+    assert missing.returncode == 2 and "--secret-file: cannot read" in missing.stderr
+    (tmp_path / "empty").write_text("\n")
+    empty = serve("--secret-file", str(tmp_path / "empty"))
+    assert empty.returncode == 2 and "needs the cluster secret" in empty.stderr
+    assert len(empty.stderr.strip().splitlines()) == 1, empty.stderr
+    backwards = serve("--secret-file", str(tmp_path / "empty"), "--election", "2,1")
+    assert backwards.returncode == 2 and "expected 0 < MIN < MAX" in backwards.stderr
+
+
 def test_a_node_without_its_service_says_so_within_the_bounded_wait() -> None:
     async def run() -> None:
         client = MetaClient("meshmq-test-meta-nobody", request_timeout=0.5)

@@ -318,7 +318,27 @@ def _timeouts(text: str) -> tuple[float, float]:
     return pair
 
 
-async def _serve(args: argparse.Namespace) -> None:
+def run_service(service: MetaService) -> int:
+    """Run ``service`` until SIGTERM or SIGINT, in this (forked) process: the supervisor's
+    entry point (``os._exit(run_service(MetaService(...)))``). The exit status: 0, or
+    ``MetaStartError.exit_status`` after its one line is logged."""
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await service.serve(stop)
+
+    try:
+        asyncio.run(serve())
+    except MetaStartError as error:
+        log.error("%s", error)
+        return error.exit_status
+    return 0
+
+
+def _service(args: argparse.Namespace) -> MetaService:
     try:
         secret = args.secret_file.read_bytes().rstrip()
     except OSError as error:
@@ -329,13 +349,8 @@ async def _serve(args: argparse.Namespace) -> None:
         low, high = args.election  # pysyncobj wants 3 beats or more within the minimum
         settings = dataclasses.replace(settings, election_min=low, election_max=high,
                                        heartbeat=min(settings.heartbeat, low / 4))
-    service = MetaService(args.node_id, args.raft, args.peer, args.data_dir, args.socket,
-                          secret, settings, bind=args.bind, trust_user=args.trust_user)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await service.serve(stop)
+    return MetaService(args.node_id, args.raft, args.peer, args.data_dir, args.socket,
+                       secret, settings, bind=args.bind, trust_user=args.trust_user)
 
 
 async def _client(args: argparse.Namespace) -> None:
@@ -366,7 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        asyncio.run(_serve(args) if args.command == "serve" else _client(args))
+        if args.command == "serve":
+            return run_service(_service(args))
+        asyncio.run(_client(args))
     except MetaStartError as error:
         log.error("%s", error)
         return error.exit_status
