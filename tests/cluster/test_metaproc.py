@@ -140,7 +140,7 @@ def test_a_commit_index_past_the_journal_is_lowered_before_the_voter_starts(
         with meta_nodes(tmp_path, 3) as nodes:
             client = (await find_leader(nodes)).client()
             await client.connect()
-            for n in range(30):
+            for n in range(15):
                 view = await client.read()
                 assert (await client.cas(REGISTER, view.version_of(REGISTER), n)).ok
             await client.close()

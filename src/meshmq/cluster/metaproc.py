@@ -96,6 +96,7 @@ class MetaService:
         self.store = RaftStore(raft_address, peers, data_dir / "raft", secret, settings, bind)
         self._sessions: set[_Session] = set()
         self._group: asyncio.TaskGroup | None = None
+        self._requests: set[asyncio.Task[None]] = set()
 
     async def serve(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
@@ -119,6 +120,8 @@ class MetaService:
                 server.close()
                 for session in list(self._sessions):
                     session.close()
+                for request in list(self._requests):  # their clients are gone: do not wait
+                    request.cancel()
         finally:
             self._group = None
             await self.store.close()
@@ -141,7 +144,9 @@ class MetaService:
         if self._group is None:
             return  # stopping
         session.in_flight += 1
-        self._group.create_task(self._handle(session, message))
+        task = self._group.create_task(self._handle(session, message))
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
 
     async def _handle(self, session: _Session, message: dict[str, Any]) -> None:
         ident = message.get("id")
