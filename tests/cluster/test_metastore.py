@@ -159,12 +159,13 @@ def test_the_model_membership_is_records_under_members() -> None:
     async def body(store: MemoryStore) -> None:
         first = await store.add_member(Member("n1", "10.0.0.1:7884", "10.0.0.1:7883"))
         assert await store.add_member(Member("n1", "10.0.0.1:7884", "10.0.0.1:7883")) == first
-        await store.add_member(Member("n2", "10.0.0.2:7884", "10.0.0.2:7883"))
+        await store.add_member(Member("n2", "10.0.0.2:7884", "10.0.0.2:7883", workers=3))
         assert set(await store.members()) == {"n1", "n2"}
         await store.remove_member("n1")
         assert list(await store.members()) == ["n2"]
         assert (await store.read()).value("members/n2") == {"raft": "10.0.0.2:7884",
-                                                            "cluster": "10.0.0.2:7883"}
+                                                            "cluster": "10.0.0.2:7883",
+                                                            "workers": 3}
 
     run(body)
 

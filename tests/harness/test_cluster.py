@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import re
 import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -280,5 +282,87 @@ def test_a_node_cut_off_is_suspected_declared_dead_and_relinked_after_the_heal(
         publisher.publish("t", "after", qos=1)
         assert on_n2.expect().payload == b"after"  # routed to n2 again
         proxy.close()
+    finally:
+        nodes.stop_all()
+
+
+def free_port_pairs(count: int) -> list[int]:
+    """``count`` ports P free now with P + 1 free too (a node's cluster port and its metadata
+    voter's, the cluster port + 1), drawn below the kernel's ephemeral range (32768 and up
+    here), where the connections of other tests running meanwhile do not take them."""
+    found: list[int] = []
+    while len(found) < count:
+        port = random.randrange(20000, 32000)
+        if any(abs(port - other) < 2 for other in found):
+            continue
+        probes = [socket.socket() for _ in range(2)]
+        try:
+            for offset, probe in enumerate(probes):
+                probe.bind(("127.0.0.1", port + offset))
+            found.append(port)
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    return found
+
+
+def test_the_metadata_agrees_on_members_a_controller_and_the_partitions(
+        tmp_path: Path) -> None:
+    """Three nodes whose seeds name each other run a metadata voter each (cluster.metadata):
+    every node registers, the Raft leader's node becomes the controller and assigns every
+    partition once; kill -9 of the controller's node: another takes over with a new epoch
+    and moves nothing, and the dead node's partitions are reported offline."""
+    ports = free_port_pairs(3)
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+    nodes = Nodes([])
+    try:
+        for index, port in enumerate(ports):
+            name = f"n{index + 1}"
+            seeds = [f"127.0.0.1:{other}" for other in ports if other != port]
+            text = cluster_config(tmp_path, name, seeds, extra="metadata = true\n" + admin)
+            text = text.replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"', 1)
+            node = Node(name, tmp_path / name, text, workers=2)
+            nodes.members.append(node)
+            node.start()
+
+        def metadata(node: Node) -> dict:
+            url = f"http://127.0.0.1:{node.ports['admin']}/api/v1/cluster"
+            request = urllib.request.Request(url, headers={"Authorization":
+                                                            f"Bearer {ADMIN_KEY}"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return json.load(answer).get("metadata") or {}
+
+        def settled(node: Node) -> dict:
+            found = metadata(node)
+            done = len(found.get("members", {})) == 3 and len(found.get("partitions", {})) == 8
+            return found if done else {}
+
+        state = wait_for(lambda: settled(nodes[1]), timeout=60, what="the metadata to settle")
+        assert sorted(state["members"]) == ["n1", "n2", "n3"]
+        leaders = sorted(a["leader"] for a in state["partitions"].values())
+        assert leaders == ["n1"] * 3 + ["n2"] * 3 + ["n3"] * 2
+        assert all(a["leader_epoch"] == 1 for a in state["partitions"].values())
+        first = state["controller"]
+        victim = nodes[int(first["node"][1:]) - 1]
+        survivor = next(node for node in nodes if node is not victim)
+        victim.kill()
+
+        def new_controller() -> dict:
+            found = metadata(survivor)
+            controller = found.get("controller") or {}
+            return found if controller.get("epoch", 0) > first["epoch"] else {}
+
+        after = wait_for(new_controller, timeout=60, what="another node to take control")
+        assert after["controller"]["node"] != first["node"]
+        assert after["partitions"] == state["partitions"]  # nothing moved
+        shown = subprocess.run(
+            [sys.executable, "-m", "meshmq", "cluster", "status", "--admin",
+             f"http://127.0.0.1:{survivor.ports['admin']}", "--api-key", ADMIN_KEY],
+            capture_output=True, text=True, timeout=30).stdout
+        offline = re.findall(rf"^(\d+)\s+{victim.name}\s+\d+\s+1\s+offline", shown, re.M)
+        assert len(offline) == sum(1 for a in state["partitions"].values()
+                                   if a["leader"] == victim.name), shown
     finally:
         nodes.stop_all()

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -145,9 +146,15 @@ class MetaClient:
         delay = REDIAL_FIRST
         while not self._closing:
             self._lost.clear()
+            # The socket made here: uvloop's create_unix_connection refuses an abstract name
+            # given as a path (EINVAL), as the mesh's sockets do (cluster/sockets.py).
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
             try:
-                await loop.create_unix_connection(lambda: _Connection(self), self.socket_name)
+                await loop.sock_connect(sock, self.socket_name)
+                await loop.create_unix_connection(lambda: _Connection(self), sock=sock)
             except OSError as error:
+                sock.close()
                 log.debug("metadata service not reached socket=%r error=%s",
                           self.socket_name[1:], error)
             else:

@@ -132,18 +132,22 @@ class Member:
     node_id: str
     raft: str  # host:port of its metadata (Raft) service
     cluster: str  # host:port of its cluster port (links between nodes)
+    workers: int = 1  # its worker processes (a partition it leads is on one of them)
 
     def to_json(self) -> dict[str, Json]:
-        return {"raft": self.raft, "cluster": self.cluster}
+        return {"raft": self.raft, "cluster": self.cluster, "workers": self.workers}
 
     @classmethod
     def from_json(cls, node_id: str, value: Json) -> Member:
         if not isinstance(value, dict):
             raise ValueError(f"member {node_id!r}: expected an object, got {value!r}")
         raft, cluster = value.get("raft"), value.get("cluster")
+        workers = value.get("workers", 1)
         if not isinstance(raft, str) or not isinstance(cluster, str):
             raise ValueError(f"member {node_id!r}: raft and cluster must be strings")
-        return cls(node_id, raft, cluster)
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"member {node_id!r}: workers must be a positive integer")
+        return cls(node_id, raft, cluster, workers)
 
 
 def members_of(view: View) -> dict[str, Member]:
