@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 from nodes import Node, Nodes
+from paho.mqtt.packettypes import PacketTypes
 
-from conftest import Client, wait_for
+from conftest import Client, props, wait_for
 
 SECRET = "correct horse battery staple\n"
 
@@ -192,21 +193,32 @@ def test_cluster_status_shows_every_node_linked_and_a_dead_one_down(
         assert re.search(r"^n3\s+127\.0\.0\.1:\d+\s+0/2\s+down$", text, re.M), text
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports free now (the kernel's choice, then released): for a command that takes them."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+def free_runs(count: int, length: int) -> list[int]:
+    """The first ports of ``count`` runs of ``length`` consecutive ports, each port free now
+    (bound, then released): ``cluster dev`` gives node i the base port + i, so a run of
+    separately chosen ports could collide with another test's listener on the next one."""
+    starts: list[int] = []
+    while len(starts) < count:
+        first = random.randrange(20000, 32000)  # below the kernel's ephemeral range
+        if any(abs(first - other) < length for other in starts):
+            continue
+        sockets = [socket.socket() for _ in range(length)]
+        try:
+            for offset, sock in enumerate(sockets):
+                sock.bind(("127.0.0.1", first + offset))
+        except OSError:
+            continue
+        else:
+            starts.append(first)
+        finally:
+            for sock in sockets:
+                sock.close()
+    return starts
 
 
 def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
         tmp_path: Path, client_factory: Callable[..., Client]) -> None:
-    mqtt_port, _, cluster_port, _ = free_ports(4)
+    mqtt_port, cluster_port = free_runs(2, 2)
     dev = subprocess.Popen(
         [sys.executable, "-m", "meshmq", "cluster", "dev", "--nodes", "2", "--dir",
          str(tmp_path / "dev"), "--port", str(mqtt_port), "--cluster-port", str(cluster_port)],
@@ -366,3 +378,34 @@ def test_the_metadata_agrees_on_members_a_controller_and_the_partitions(
                                    if a["leader"] == victim.name), shown
     finally:
         nodes.stop_all()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_persistent_session_gets_its_own_nodes_messages_after_other_nodes_ones(
+        tmp_path: Path, client_factory: Callable[..., Client], workers: int) -> None:
+    """Each node keeps its own log: a message that crossed from another node is not at a
+    place in this node's log, so it must not move a session's place in it. A subscriber on
+    n2 that got 40 of n1's messages, then went offline while n2 took 3 on the same topic,
+    gets those 3 when it comes back, and the 3 n1 took meanwhile."""
+    with start_cluster(tmp_path, 2, workers=workers) as nodes:
+        session = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+        subscriber = client_factory("keeper")
+        subscriber.connect(nodes[1].port, clean_start=True, properties=session)
+        subscriber.subscribe("plant/line", qos=1)
+        far = connect(client_factory, nodes[0], "far")
+        for n in range(40):
+            far.publish("plant/line", f"far-{n}", qos=1)
+        assert [subscriber.expect().payload for _ in range(40)] == [
+            f"far-{n}".encode() for n in range(40)]
+        subscriber.disconnect()
+        near = connect(client_factory, nodes[1], "near")
+        for n in range(3):
+            near.publish("plant/line", f"near-{n}", qos=1)
+            far.publish("plant/line", f"far-{40 + n}", qos=1)
+        back = client_factory("keeper")
+        back.connect(nodes[1].port, clean_start=False, properties=session)
+        got = [back.expect().payload for _ in range(6)]
+        assert sorted(got) == sorted([f"near-{n}".encode() for n in range(3)]
+                                     + [f"far-{40 + n}".encode() for n in range(3)])
+        assert [p for p in got if p.startswith(b"near")] == [b"near-0", b"near-1", b"near-2"]
+        assert [p for p in got if p.startswith(b"far")] == [b"far-40", b"far-41", b"far-42"]

@@ -93,6 +93,10 @@ class WorkerCluster:
         self.sockets = MeshSockets(loop, worker)
         self.log: PartitionedLog | None = None
         self.mesh = mesh = Mesh(worker, self.sockets, encode_message, self._highs)
+        # each node keeps its own log: a message crossing to another node is not at a place
+        # in that node's log, so it goes without one (there it is a copy, like a message
+        # that is not persisted: an offline session keeps it in its queue)
+        mesh.encode_for_node = partial(encode_message, positioned=False)
         lifecycle = broker.lifecycle
         if config.log.enabled:
             self.log = PartitionedLog(config.log, config.server.data_dir, loop, self.leadership,
