@@ -49,6 +49,7 @@ from meshmq.cluster.codec import (
     Reply,
     Retain,
     Retained,
+    RetainSync,
     Routes,
     Settled,
     Stats,
@@ -180,6 +181,10 @@ CASES: list[tuple[object, bytes, bool]] = [
     (Members([("n1", "a:1"), ("n2", "")]),
      u("I", 2) + text_bytes("n1") + text_bytes("a:1") + text_bytes("n2") + text_bytes(""),
      True),
+    (RetainSync([("room/é", 2**64 - 1, "n1", b"body"), ("gone", 7, "n2", None)]),
+     u("I", 2) + text_bytes("room/é") + u("Q", 2**64 - 1) + text_bytes("n1") + u("B", 1)
+     + blob_bytes(b"body") + text_bytes("gone") + u("Q", 7) + text_bytes("n2") + u("B", 0),
+     True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -284,6 +289,8 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
     FrameType.PING: st.builds(Ping),
     FrameType.MEMBERS: st.builds(Members, st.lists(st.tuples(unicode_text, unicode_text),
                                                    max_size=3)),
+    FrameType.RETAIN_SYNC: st.builds(RetainSync, st.lists(st.tuples(
+        unicode_text, u64s, unicode_text, st.none() | bodies), max_size=3)),
 }
 any_frame = st.sampled_from(list(FrameType)).flatmap(lambda t: FRAME_STRATEGIES[t])
 

@@ -409,3 +409,52 @@ def test_a_persistent_session_gets_its_own_nodes_messages_after_other_nodes_ones
                                      + [f"far-{40 + n}".encode() for n in range(3)])
         assert [p for p in got if p.startswith(b"near")] == [b"near-0", b"near-1", b"near-2"]
         assert [p for p in got if p.startswith(b"far")] == [b"far-40", b"far-41", b"far-42"]
+
+
+def retained_view(client_factory: Callable[..., Client], node: Node, name: str,
+                  expected: dict[str, bytes] | None = None) -> dict[str, bytes]:
+    """The retained messages a new subscriber of ``room/#`` on ``node`` gets: until they are
+    exactly ``expected`` (if given), or until none came for a second."""
+    client = connect(client_factory, node, name)
+    try:
+        client.subscribe("room/#", qos=1)
+        got: dict[str, bytes] = {}
+        while got != expected:
+            try:
+                message = client.expect(timeout=1.0)
+            except queue.Empty:
+                break
+            assert message.retain  # (nothing but retained messages is published meanwhile)
+            got[message.topic] = message.payload
+        return got
+    finally:
+        client.disconnect()
+
+
+def test_retained_messages_are_one_store_for_the_cluster(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """A retained message published on one node is served by every node; a node killed with
+    kill -9 and restarted serves what changed while it was away (cleared topics included),
+    and what it changed itself before dying is served by the others."""
+    with start_cluster(tmp_path, 3, workers=2) as nodes:
+        publisher = connect(client_factory, nodes[0], "thermostat")
+        expected = {f"room/{n}/temp": f"{20 + n}".encode() for n in range(6)}
+        for topic, payload in expected.items():
+            publisher.publish(topic, payload, qos=1, retain=True)
+        polls = iter(range(1000))
+        for node in nodes:
+            wait_for(lambda node=node: retained_view(client_factory, node,
+                                                     f"v{next(polls)}", expected) == expected,
+                     what=f"{node.name} to serve the retained messages published on n1")
+        nodes[2].kill()
+        publisher.publish("room/0/temp", "", qos=1, retain=True)  # cleared while n3 is away
+        publisher.publish("room/1/temp", "30", qos=1, retain=True)
+        changed = {**expected, "room/1/temp": b"30"}
+        del changed["room/0/temp"]
+        nodes[2].restart()
+        wait_for(lambda: retained_view(client_factory, nodes[2], f"v{next(polls)}",
+                                       changed) == changed,
+                 what="n3, restarted, to serve what changed while it was away")
+        # and it serves nothing more: no cleared message came back from its own copy
+        assert retained_view(client_factory, nodes[2], "last-n3") == changed
+        assert retained_view(client_factory, nodes[1], "last-n2") == changed

@@ -65,6 +65,7 @@ class FrameType(IntEnum):
     LINK_AUTH = 24  # proof of the cluster secret, over both nonces (cluster/nodelink.py)
     PING = 25  # a link between nodes is alive (sent when it is otherwise quiet)
     MEMBERS = 26  # the nodes the sender knows, with the address each is dialed at
+    RETAIN_SYNC = 27  # retained messages (or clears) with their stamps, for another node's store
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -775,10 +776,39 @@ class Members:
         return cls(members)
 
 
+@dataclass(frozen=True, slots=True)
+class RetainSync:
+    """Retained messages for the receiver's node: ``(topic, stamp, node, body)`` entries, a
+    body of None being a clear. Sent by a topic's owner to the other nodes when a client of
+    its node changes it, and all of them when a link to a node comes up; passed on by the
+    receiving worker to the topic's owner in its node, which keeps the newest by stamp
+    (cluster/noderetained.py)."""
+
+    entries: list[tuple[str, int, str, bytes | None]]
+
+    def encode(self) -> bytes:
+        writer = Writer().u32(len(self.entries))
+        for topic, stamp, node_id, body in self.entries:
+            writer.text(topic).u64(stamp).text(node_id).u8(body is not None)
+            if body is not None:
+                writer.blob(body)
+        return writer.frame(FrameType.RETAIN_SYNC)
+
+    @classmethod
+    def decode(cls, body: bytes) -> RetainSync:
+        reader = Reader(body)
+        entries = []
+        for _ in range(reader.u32()):
+            topic, stamp, node_id = reader.text(), reader.u64(), reader.text()
+            entries.append((topic, stamp, node_id, reader.blob() if reader.u8() else None))
+        reader.end()
+        return cls(entries)
+
+
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
-         | Members)
+         | Members | RetainSync)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -791,7 +821,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.DELIVER: Deliver, FrameType.SETTLED: Settled,
     FrameType.ADMIN: Admin, FrameType.ADMIN_ANSWER: AdminAnswer,
     FrameType.LINK_HELLO: LinkHello, FrameType.LINK_AUTH: LinkAuth, FrameType.PING: Ping,
-    FrameType.MEMBERS: Members,
+    FrameType.MEMBERS: Members, FrameType.RETAIN_SYNC: RetainSync,
 }
 
 

@@ -127,6 +127,8 @@ class NodeLinks:
     on_node_up: list[Callable[[int, str], None]] = field(default_factory=list)
     on_node_down: list[Callable[[int, str], None]] = field(default_factory=list)
     nodes: dict[str, NodePeer] = field(default_factory=dict)  # by node id
+    # frames of the layers above (retained messages...) that a dialing node may send here
+    handlers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
     _peer_ids: dict[str, int] = field(default_factory=dict)  # node id -> its peer id
     _next_accepted: int = REMOTE_BASE + (1 << 15)
     _heartbeat: Timer | None = None
@@ -176,8 +178,9 @@ class NodeLinks:
         state: RemoteState = link.remote
         if not state.ready:
             return self._handshake(link, state, frame_type, body)
-        allowed = _FROM_ACCEPTOR if state.side is Side.DIALED else _FROM_DIALER
-        if frame_type not in allowed:
+        dialed = state.side is Side.DIALED
+        allowed = _FROM_ACCEPTOR if dialed else _FROM_DIALER
+        if frame_type not in allowed and (dialed or frame_type not in self.handlers):
             raise LinkError(f"frame type {frame_type} is not taken from another node here")
         peer = link.peer
         assert peer is not None
@@ -189,7 +192,10 @@ class NodeLinks:
                 mesh.on_forward(peer, Forward.decode(body))
             return
         frame = decode_frame(frame_type, body)
-        if frame_type == FrameType.ROUTES:
+        handler = self.handlers.get(frame_type)
+        if handler is not None and not dialed:
+            handler(peer, frame)
+        elif frame_type == FrameType.ROUTES:
             assert isinstance(frame, Routes)
             mesh.routes.apply(peer, frame.changes)
         elif frame_type == FrameType.MEMBERS:
@@ -239,8 +245,11 @@ class NodeLinks:
             if hello.address:
                 self._new_members([(hello.node_id, hello.address)],
                                   dial=state.side is Side.ACCEPTED)
-        elif hello.address:
+        elif hello.address and hello.address != known.address:
+            # restarted at another address (a new port, a new host): dialed there from now on
             known.address = hello.address
+            self._new_members([(hello.node_id, hello.address)],
+                              dial=state.side is Side.ACCEPTED)
         if state.side is Side.DIALED:
             peer = self._peer_ids.get(hello.node_id)
             if peer is None:
@@ -282,6 +291,9 @@ class NodeLinks:
             known = self.nodes.get(node_id)
             if known is None:
                 self.nodes[node_id] = NodePeer(node_id, address)
+                new.append((node_id, address))
+            elif known.address != address and known.link is None:
+                known.address = address  # it came back elsewhere: dial it there too
                 new.append((node_id, address))
         if new:
             self._new_members(new)

@@ -33,6 +33,7 @@ from meshmq.cluster.metaclient import MetaClient
 from meshmq.cluster.metadata import MetadataError
 from meshmq.cluster.metaproc import socket_name_for
 from meshmq.cluster.nodelink import NodeIdentity
+from meshmq.cluster.noderetained import NodeRetained
 from meshmq.cluster.nodes import NodeLinks
 from meshmq.cluster.partitions import PartitionedLog
 from meshmq.cluster.retained import OwnedRetained
@@ -109,12 +110,14 @@ class WorkerCluster:
         self.admin = MeshAdmin(mesh, loop)  # the operations plane's queries (node/admin/)
         join_router(mesh, broker.router, decode_message, self._forwarded_position)
         self.nodes: NodeLinks | None = None
+        self.node_retained: NodeRetained | None = None
         self.node_sockets: NodeSockets | None = None
         self.metadata: MetaClient | None = None  # the node's metadata voter (cluster.metadata)
         if identity is not None and config.cluster.metadata:
             self.metadata = MetaClient(socket_name_for(worker.token))
         if identity is not None:  # a node of a cluster: links to the other nodes too
             self.nodes = NodeLinks(mesh, identity, on_cluster_id=on_cluster_id)
+            self.node_retained = NodeRetained(self.retained, self.nodes)
             self.node_sockets = NodeSockets(loop, self.sockets, self.nodes,
                                             config.cluster.listen, config.cluster.seeds)
         mesh.on_congested = self._congested
