@@ -42,6 +42,7 @@ from meshmq.cluster.codec import (
     LinkError,
     LinkHello,
     Members,
+    NodeStats,
     Ping,
     QueryRetained,
     Register,
@@ -185,6 +186,9 @@ CASES: list[tuple[object, bytes, bool]] = [
      u("I", 2) + text_bytes("room/é") + u("Q", 2**64 - 1) + text_bytes("n1") + u("B", 1)
      + blob_bytes(b"body") + text_bytes("gone") + u("Q", 7) + text_bytes("n2") + u("B", 0),
      True),
+    (NodeStats("n2", {"clients_connected": 3}),
+     text_bytes("n2") + u("H", 1) + text_bytes("clients_connected") + offsets_bytes([3]),
+     True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -289,6 +293,8 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
     FrameType.PING: st.builds(Ping),
     FrameType.MEMBERS: st.builds(Members, st.lists(st.tuples(unicode_text, unicode_text),
                                                    max_size=3)),
+    FrameType.NODE_STATS: st.builds(NodeStats, unicode_text,
+                                    st.dictionaries(unicode_text, u64s, max_size=4)),
     FrameType.RETAIN_SYNC: st.builds(RetainSync, st.lists(st.tuples(
         unicode_text, u64s, unicode_text, st.none() | bodies), max_size=3)),
 }

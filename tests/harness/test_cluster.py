@@ -458,3 +458,42 @@ def test_retained_messages_are_one_store_for_the_cluster(
         # and it serves nothing more: no cleared message came back from its own copy
         assert retained_view(client_factory, nodes[2], "last-n3") == changed
         assert retained_view(client_factory, nodes[1], "last-n2") == changed
+
+
+def test_sys_topics_and_cluster_status_show_each_node_and_the_sums(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    admin = (f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+             '[mqtt]\nsys_interval = 1\n')
+    with start_cluster(tmp_path, 3, workers=2, extra=admin) as nodes:
+        clients = [connect(client_factory, nodes[1], f"on-n2-{n}") for n in range(3)]
+        clients.append(connect(client_factory, nodes[2], "on-n3"))
+        watcher = connect(client_factory, nodes[0], "watcher")  # 5 clients in all
+        watcher.subscribe("$SYS/broker/cluster/#", qos=0)
+        seen: dict[str, bytes] = {}
+
+        def figures_are(wanted: dict[str, bytes]) -> bool:
+            while True:
+                try:
+                    message = watcher.expect(timeout=0.2)
+                except queue.Empty:
+                    return all(seen.get(topic) == value for topic, value in wanted.items())
+                seen[message.topic] = message.payload
+
+        prefix = "$SYS/broker/cluster/"
+        wait_for(lambda: figures_are({
+            prefix + "clients/connected": b"5", prefix + "nodes": b"3",
+            prefix + "nodes/n1/clients/connected": b"1",
+            prefix + "nodes/n2/clients/connected": b"3",
+            prefix + "nodes/n3/clients/connected": b"1"}), timeout=30,
+            what="the cluster's figures on n1's $SYS")
+        url = f"http://127.0.0.1:{nodes[0].ports['admin']}"
+        command = [sys.executable, "-m", "meshmq", "cluster", "status", "--admin", url,
+                   "--api-key", ADMIN_KEY]
+        state = json.loads(subprocess.run([*command, "--json"], capture_output=True,
+                                          text=True, timeout=30, check=True).stdout)
+        assert state["stats"]["totals"]["clients_connected"] == 5
+        assert sorted(state["stats"]["nodes"]) == ["n1", "n2", "n3"]
+        text = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+        assert re.search(r"^n2\s+3\s+0\s+\d+\s+\d+\s+\d+$", text, re.M), text
+        assert re.search(r"^cluster\s+5\s+1\s+\d+", text, re.M), text  # the watcher's

@@ -66,6 +66,7 @@ class FrameType(IntEnum):
     PING = 25  # a link between nodes is alive (sent when it is otherwise quiet)
     MEMBERS = 26  # the nodes the sender knows, with the address each is dialed at
     RETAIN_SYNC = 27  # retained messages (or clears) with their stamps, for another node's store
+    NODE_STATS = 28  # a node's $SYS totals, for the other nodes' cluster figures
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -553,21 +554,31 @@ class Stats:
     values: dict[str, int]
 
     def encode(self) -> bytes:
-        writer = Writer().u16(len(self.values))
-        for name in self.values:
-            writer.text(name)
-        return writer.offsets([max(0, int(v)) for v in self.values.values()]).frame(
-            FrameType.STATS)
+        return _counters(Writer(), self.values).frame(FrameType.STATS)
 
     @classmethod
     def decode(cls, body: bytes) -> Stats:
         reader = Reader(body)
-        names = [reader.text() for _ in range(reader.u16())]
-        values = reader.offsets()
+        values = _read_counters(reader)
         reader.end()
-        if len(values) != len(names):
-            raise LinkError("stats: names and values differ in number")
-        return cls(dict(zip(names, values, strict=True)))
+        return cls(values)
+
+
+def _counters(writer: Writer, values: dict[str, int]) -> Writer:
+    """Counters: their names, then their values (none below 0)."""
+    writer.u16(len(values))
+    for name in values:
+        writer.text(name)
+    writer.offsets([max(0, int(v)) for v in values.values()])
+    return writer
+
+
+def _read_counters(reader: Reader) -> dict[str, int]:
+    names = [reader.text() for _ in range(reader.u16())]
+    values = reader.offsets()
+    if len(values) != len(names):
+        raise LinkError("stats: names and values differ in number")
+    return dict(zip(names, values, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -777,6 +788,26 @@ class Members:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeStats:
+    """A node's ``$SYS`` totals (its statistics owner's), sent to the other nodes every
+    ``mqtt.sys_interval`` for the cluster's figures (cluster/nodestats.py)."""
+
+    node_id: str
+    values: dict[str, int]
+
+    def encode(self) -> bytes:
+        return _counters(Writer().text(self.node_id), self.values).frame(FrameType.NODE_STATS)
+
+    @classmethod
+    def decode(cls, body: bytes) -> NodeStats:
+        reader = Reader(body)
+        node_id = reader.text()
+        values = _read_counters(reader)
+        reader.end()
+        return cls(node_id, values)
+
+
+@dataclass(frozen=True, slots=True)
 class RetainSync:
     """Retained messages for the receiver's node: ``(topic, stamp, node, body)`` entries, a
     body of None being a clear. Sent by a topic's owner to the other nodes when a client of
@@ -808,7 +839,7 @@ class RetainSync:
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
-         | Members | RetainSync)
+         | Members | RetainSync | NodeStats)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -822,6 +853,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.ADMIN: Admin, FrameType.ADMIN_ANSWER: AdminAnswer,
     FrameType.LINK_HELLO: LinkHello, FrameType.LINK_AUTH: LinkAuth, FrameType.PING: Ping,
     FrameType.MEMBERS: Members, FrameType.RETAIN_SYNC: RetainSync,
+    FrameType.NODE_STATS: NodeStats,
 }
 
 

@@ -82,6 +82,7 @@ def render_status(state: dict[str, Any]) -> str:
             "linked" if node["linked"] == state["workers"] else
             "down" if not node["linked"] else "partly linked")
         lines.append(f"{node['node_id']:<16} {node['address']:<24} {links:<10} {health}")
+    lines += _figures(state.get("stats") or {})
     metadata = state.get("metadata")
     if not metadata:
         return "\n".join(lines)
@@ -98,3 +99,20 @@ def render_status(state: dict[str, Any]) -> str:
         lines.append(f"{partition:<10} {leader:<16} {assignment['worker']:<7} "
                      f"{assignment['leader_epoch']:<6} {health}")
     return "\n".join(lines)
+
+
+FIGURES = (("clients_connected", "clients"), ("subscriptions", "subscriptions"),
+           ("messages_received", "received"), ("messages_sent", "sent"),
+           ("retained", "retained"))
+
+
+def _figures(stats: dict[str, Any]) -> list[str]:
+    """Each node's $SYS figures and the cluster's sums (as of the last mqtt.sys_interval)."""
+    if not stats.get("nodes"):
+        return []
+    lines = ["", f"{'figures':<16} " + " ".join(f"{title:>13}" for _, title in FIGURES)]
+    rows = [*stats["nodes"].items(), ("cluster", stats.get("totals", {}))]
+    for name, values in rows:
+        lines.append(f"{name:<16} " + " ".join(f"{values.get(key, 0):>13}"
+                                               for key, _ in FIGURES))
+    return lines

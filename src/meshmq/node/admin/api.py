@@ -116,7 +116,9 @@ async def get_cluster(request: web.Request) -> web.Response:
         "cluster_id": next((a["cluster_id"] for a in answers if a["cluster_id"]), ""),
         "workers": views.workers, "nodes": sorted(nodes.values(), key=lambda n: n["node_id"]),
         "metadata": max((a.get("metadata") for a in answers if a.get("metadata")),
-                        key=lambda m: m["version"], default=None)})
+                        key=lambda m: m["version"], default=None),
+        # per node and summed, as of the last $SYS interval (the node's worker 0 has them)
+        "stats": next((a["stats"] for a in answers if a.get("stats")), {})})
 
 
 async def get_node(request: web.Request) -> web.Response:

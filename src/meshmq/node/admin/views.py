@@ -21,6 +21,7 @@ from meshmq.broker.message import Message
 from meshmq.cluster.admin import QueryFailed
 from meshmq.cluster.metadata import members_of
 from meshmq.cluster.metarecords import assignment_of, controller_of
+from meshmq.cluster.nodestats import ClusterStatistics
 from meshmq.node.admin.collect import own_log, worker_samples
 
 if TYPE_CHECKING:
@@ -63,8 +64,9 @@ class WorkerViews:
     def cluster_view(self) -> dict[str, Any] | None:
         """This worker's links to the other nodes (None: no cluster): for each node it knows,
         whether its own dialed link is up and whether it suspects it."""
-        links = self.cluster.nodes if self.cluster is not None else None
-        if links is None:
+        cluster = self.cluster
+        links = cluster.nodes if cluster is not None else None
+        if cluster is None or links is None:
             return None
         up = set(links.linked_nodes().values())
         suspected = {link.remote.hello.node_id for link in links.mesh.remote.values()
@@ -73,7 +75,9 @@ class WorkerViews:
                 "nodes": [{"node_id": node.node_id, "address": node.address,
                            "linked": node.node_id in up, "suspected": node.node_id in suspected}
                           for node in sorted(links.nodes.values(), key=lambda n: n.node_id)],
-                "counters": dict(links.counters), "metadata": self.metadata_view()}
+                "counters": dict(links.counters), "metadata": self.metadata_view(),
+                "stats": cluster.statistics.figures()
+                if isinstance(cluster.statistics, ClusterStatistics) else {}}
 
     def metadata_view(self) -> dict[str, Any] | None:
         """The metadata as this worker's client mirrors it (None: no metadata voter, or not
