@@ -34,6 +34,7 @@ from meshmq.cluster.codec import (
     Claim,
     Claimed,
     Deliver,
+    Forget,
     Forward,
     FrameReader,
     FrameType,
@@ -189,6 +190,7 @@ CASES: list[tuple[object, bytes, bool]] = [
     (NodeStats("n2", {"clients_connected": 3}),
      text_bytes("n2") + u("H", 1) + text_bytes("clients_connected") + offsets_bytes([3]),
      True),
+    (Forget("n-é"), text_bytes("n-é"), True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -293,6 +295,7 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
     FrameType.PING: st.builds(Ping),
     FrameType.MEMBERS: st.builds(Members, st.lists(st.tuples(unicode_text, unicode_text),
                                                    max_size=3)),
+    FrameType.FORGET: st.builds(Forget, unicode_text),
     FrameType.NODE_STATS: st.builds(NodeStats, unicode_text,
                                     st.dictionaries(unicode_text, u64s, max_size=4)),
     FrameType.RETAIN_SYNC: st.builds(RetainSync, st.lists(st.tuples(

@@ -128,3 +128,23 @@ def test_a_quiet_link_carries_pings_and_is_never_suspected() -> None:
     assert all(w.links.counters["suspected"] == 0 for w in net.nodes)
     assert all(state.remote.side in (Side.DIALED, Side.ACCEPTED)
                for w in net.nodes for state in w.mesh.remote.values())
+
+
+def test_a_forgotten_node_is_dropped_everywhere_until_it_links_again() -> None:
+    from meshmq.cluster.codec import Members
+
+    net = ClusterNet({"a": 2, "b": 2, "c": 1})
+    net.stop(net.of("c").index)
+    net.advance(DEAD_AFTER + 1)  # c is dead for a and b
+    for worker in net.workers["a"]:  # the admin asks every worker of a
+        worker.links.forget("c", spread=True)
+    net.pump()
+    for worker in net.workers["a"] + net.workers["b"]:
+        assert "c" not in worker.links.nodes, worker.index
+        assert "c" in worker.links.forgotten
+    gossip = net.of("b", 1)  # a MEMBERS list from a node that still knew c is not heeded
+    gossip.links._members(Members([("c", "c:7883")]).members)
+    assert "c" not in gossip.links.nodes
+    net.resume(net.of("c").index)
+    net.dial(net.of("c").index, "b")  # c comes back and links itself: a member again
+    assert "c" in net.of("b", 0).links.nodes or "c" in net.of("b", 1).links.nodes

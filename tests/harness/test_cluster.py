@@ -497,3 +497,38 @@ def test_sys_topics_and_cluster_status_show_each_node_and_the_sums(
                               check=True).stdout
         assert re.search(r"^n2\s+3\s+0\s+\d+\s+\d+\s+\d+$", text, re.M), text
         assert re.search(r"^cluster\s+5\s+1\s+\d+", text, re.M), text  # the watcher's
+
+
+def test_a_node_leaves_and_a_dead_one_is_forgotten(tmp_path: Path) -> None:
+    """``meshmq cluster leave`` on n3: the others drop it and it stops (exit 0). n2 killed
+    with kill -9, then ``meshmq cluster forget n2`` on n1: dropped too; restarted, n2 links
+    again and is a member again."""
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+    with start_cluster(tmp_path, 3, workers=2, extra=admin) as nodes:
+        def cli(node: Node, *action: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "meshmq", "cluster", *action, "--admin",
+                 f"http://127.0.0.1:{node.ports['admin']}", "--api-key", ADMIN_KEY],
+                capture_output=True, text=True, timeout=30)
+
+        def members(node: Node) -> list[str]:
+            state = json.loads(cli(node, "status", "--json").stdout)
+            return [n["node_id"] for n in state["nodes"]]
+
+        left = cli(nodes[2], "leave")
+        assert left.returncode == 0, left.stderr
+        assert nodes[2].proc is not None and nodes[2].proc.wait(timeout=30) == 0
+        for node in (nodes[0], nodes[1]):
+            wait_for(lambda node=node: "n3" not in members(node),
+                     what=f"{node.name} to drop n3")
+        refused = cli(nodes[0], "forget", "n2")  # n2 is up: forgetting it is refused
+        assert refused.returncode == 1 and "is linked" in refused.stderr, refused.stderr
+        nodes[1].kill()
+        wait_for(lambda: "link to node lost node=n2" in nodes[0].log(), what="n2 gone")
+        forgot = cli(nodes[0], "forget", "n2")
+        assert forgot.returncode == 0, forgot.stderr
+        assert members(nodes[0]) == []
+        unknown = cli(nodes[0], "forget", "n9")
+        assert unknown.returncode == 1 and "not known" in unknown.stderr
+        nodes[1].restart()
+        wait_for(lambda: members(nodes[0]) == ["n2"], what="n2 a member again")

@@ -67,6 +67,7 @@ class FrameType(IntEnum):
     MEMBERS = 26  # the nodes the sender knows, with the address each is dialed at
     RETAIN_SYNC = 27  # retained messages (or clears) with their stamps, for another node's store
     NODE_STATS = 28  # a node's $SYS totals, for the other nodes' cluster figures
+    FORGET = 29  # a node left the cluster (or is gone for good): stop dialing it, drop it
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -788,6 +789,25 @@ class Members:
 
 
 @dataclass(frozen=True, slots=True)
+class Forget:
+    """Node ``node_id`` left the cluster (``meshmq cluster leave``) or an operator removed it
+    (``meshmq cluster forget``): the receiver stops dialing it and drops it from its members
+    until it links again itself."""
+
+    node_id: str
+
+    def encode(self) -> bytes:
+        return Writer().text(self.node_id).frame(FrameType.FORGET)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Forget:
+        reader = Reader(body)
+        node_id = reader.text()
+        reader.end()
+        return cls(node_id)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeStats:
     """A node's ``$SYS`` totals (its statistics owner's), sent to the other nodes every
     ``mqtt.sys_interval`` for the cluster's figures (cluster/nodestats.py)."""
@@ -839,7 +859,7 @@ class RetainSync:
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
-         | Members | RetainSync | NodeStats)
+         | Members | RetainSync | NodeStats | Forget)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -853,7 +873,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.ADMIN: Admin, FrameType.ADMIN_ANSWER: AdminAnswer,
     FrameType.LINK_HELLO: LinkHello, FrameType.LINK_AUTH: LinkAuth, FrameType.PING: Ping,
     FrameType.MEMBERS: Members, FrameType.RETAIN_SYNC: RetainSync,
-    FrameType.NODE_STATS: NodeStats,
+    FrameType.NODE_STATS: NodeStats, FrameType.FORGET: Forget,
 }
 
 

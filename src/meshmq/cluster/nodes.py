@@ -51,6 +51,7 @@ from meshmq.cluster.codec import (
     MAX_FRAME,
     Barrier,
     BarrierDone,
+    Forget,
     Forward,
     FrameType,
     LinkAuth,
@@ -126,9 +127,12 @@ class NodeLinks:
     on_members: Callable[[list[tuple[str, str]]], None] | None = None  # nodes to dial
     on_node_up: list[Callable[[int, str], None]] = field(default_factory=list)
     on_node_down: list[Callable[[int, str], None]] = field(default_factory=list)
+    on_forget: list[Callable[[str], None]] = field(default_factory=list)  # stop dialing it
     nodes: dict[str, NodePeer] = field(default_factory=dict)  # by node id
     # frames of the layers above (retained messages...) that a dialing node may send here
     handlers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
+    # nodes that left or were removed: not dialed, not taken from MEMBERS, until they link
+    forgotten: set[str] = field(default_factory=set)
     _peer_ids: dict[str, int] = field(default_factory=dict)  # node id -> its peer id
     _next_accepted: int = REMOTE_BASE + (1 << 15)
     _heartbeat: Timer | None = None
@@ -138,6 +142,8 @@ class NodeLinks:
     def __post_init__(self) -> None:
         self.mesh.node_links = self
         self.mesh.handle(FrameType.MEMBERS, lambda peer, frame: self._members(frame.members))
+        self.mesh.handle(FrameType.FORGET, self._forget_from_peer)
+        self.handlers[FrameType.FORGET] = self._forget_from_node
 
     # ------------------------------------------------------------------ links
 
@@ -239,6 +245,9 @@ class NodeLinks:
                      hello.node_id)
             if self.on_cluster_id is not None:
                 self.on_cluster_id(state.cluster_id)
+        if hello.node_id in self.forgotten:
+            self.forgotten.discard(hello.node_id)  # it linked again itself: a member again
+            log.info("forgotten node back node=%s", hello.node_id)
         known = self.nodes.get(hello.node_id)
         if known is None:
             known = self.nodes[hello.node_id] = NodePeer(hello.node_id, hello.address)
@@ -286,7 +295,7 @@ class NodeLinks:
     def _members(self, members: list[tuple[str, str]]) -> None:
         new = []
         for node_id, address in members:
-            if node_id == self.identity.node_id or not address:
+            if node_id == self.identity.node_id or not address or node_id in self.forgotten:
                 continue
             known = self.nodes.get(node_id)
             if known is None:
@@ -308,6 +317,35 @@ class NodeLinks:
         for peer in self.accepted_peers():
             self.mesh.queue(self.mesh.remote[peer], frame)
         self.mesh.broadcast(frame)  # this node's other workers (the kernel chose who accepts)
+
+    def forget(self, node_id: str, spread: bool = False) -> bool:
+        """Drop ``node_id`` from this worker's members and stop dialing it (its links, if any
+        are up, stay until they close: a node that links again is a member again). With
+        ``spread`` (the admin's worker), tell every other node too. False if it was not
+        known."""
+        if node_id == self.identity.node_id and not spread:
+            return False  # (this node's own leaving is spread, never applied here)
+        if node_id != self.identity.node_id:
+            self.forgotten.add(node_id)
+        known = self.nodes.pop(node_id, None)
+        for listener in self.on_forget:
+            listener(node_id)
+        if spread:
+            frame = Forget(node_id).encode()
+            for peer in self.linked_nodes():
+                self.mesh.send(peer, frame)
+        if known is not None:
+            log.info("node forgotten node=%s", node_id)
+        return known is not None
+
+    def _forget_from_peer(self, peer: int, frame: Forget) -> None:
+        """A worker of this node passed on another node's FORGET."""
+        self.forget(frame.node_id)
+
+    def _forget_from_node(self, peer: int, frame: Forget) -> None:
+        """Another node says ``frame.node_id`` left: this worker and its node's others."""
+        self.forget(frame.node_id)
+        self.mesh.broadcast(frame.encode())
 
     def linked_nodes(self) -> dict[int, str]:
         """The nodes this worker routes to now: peer id -> node id."""

@@ -53,6 +53,7 @@ class WorkerViews:
             "segments": lambda args: self.segments(args["partition"]),
             "cursors": lambda args: self.cursors(),
             "cluster": lambda args: self.cluster_view(),
+            "forget": lambda args: self.forget(args["node_id"]),
         }
 
     def answer(self, query: str, args: dict[str, Any]) -> Any:
@@ -78,6 +79,12 @@ class WorkerViews:
                 "counters": dict(links.counters), "metadata": self.metadata_view(),
                 "stats": cluster.statistics.figures()
                 if isinstance(cluster.statistics, ClusterStatistics) else {}}
+
+    def forget(self, node_id: str) -> bool | None:
+        """This worker drops ``node_id`` and tells the other nodes (None: not a cluster node;
+        this node's own id: it is leaving, and the others drop it)."""
+        links = self.cluster.nodes if self.cluster is not None else None
+        return None if links is None else links.forget(node_id, spread=True)
 
     def metadata_view(self) -> dict[str, Any] | None:
         """The metadata as this worker's client mirrors it (None: no metadata voter, or not
