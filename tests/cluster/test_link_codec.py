@@ -57,6 +57,7 @@ from meshmq.cluster.codec import (
     Stats,
     Sync,
     Synced,
+    Takeover,
     Writer,
     decode_frame,
     forward_frame,
@@ -191,6 +192,7 @@ CASES: list[tuple[object, bytes, bool]] = [
      text_bytes("n2") + u("H", 1) + text_bytes("clients_connected") + offsets_bytes([3]),
      True),
     (Forget("n-é"), text_bytes("n-é"), True),
+    (Takeover("c-é", True, 2**64 - 1), text_bytes("c-é") + u("BQ", 1, 2**64 - 1), True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -296,6 +298,7 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
     FrameType.MEMBERS: st.builds(Members, st.lists(st.tuples(unicode_text, unicode_text),
                                                    max_size=3)),
     FrameType.FORGET: st.builds(Forget, unicode_text),
+    FrameType.TAKEOVER: st.builds(Takeover, unicode_text, st.booleans(), u64s),
     FrameType.NODE_STATS: st.builds(NodeStats, unicode_text,
                                     st.dictionaries(unicode_text, u64s, max_size=4)),
     FrameType.RETAIN_SYNC: st.builds(RetainSync, st.lists(st.tuples(

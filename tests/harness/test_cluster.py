@@ -532,3 +532,41 @@ def test_a_node_leaves_and_a_dead_one_is_forgotten(tmp_path: Path) -> None:
         assert unknown.returncode == 1 and "not known" in unknown.stderr
         nodes[1].restart()
         wait_for(lambda: members(nodes[0]) == ["n2"], what="n2 a member again")
+
+
+def test_a_client_id_connecting_on_another_node_takes_over_its_connection(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """MQTT-3.1.4-3 across nodes: the older connection of a client id gets DISCONNECT 0x8E.
+    Sessions stay on their node: with Clean Start 0 the old one is kept there (offline, its
+    subscription queueing), with Clean Start 1 it ends."""
+    session = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    with start_cluster(tmp_path, 2, workers=2) as nodes:
+        first = client_factory("dev-1", 5)
+        first.connect(nodes[0].port, clean_start=False, properties=session)
+        first.subscribe("cmd/dev-1", qos=1)
+        second = client_factory("dev-1", 5)
+        flags, _, _ = second.connect(nodes[1].port, clean_start=False, properties=session)
+        assert flags.session_present is False  # its session is on n1
+        assert first.disconnects.get(timeout=10).value == 0x8E  # session taken over
+        second.subscribe("cmd/dev-1", qos=1)
+        sender = connect(client_factory, nodes[0], "sender")
+        sender.publish("cmd/dev-1", "while on n2", qos=1)
+        assert second.expect().payload == b"while on n2"
+        assert second.disconnects.empty()
+        third = client_factory("dev-1", 5)  # back on n1: n1 kept its session, and queued
+        flags, _, _ = third.connect(nodes[0].port, clean_start=False, properties=session)
+        assert flags.session_present is True
+        assert third.expect().payload == b"while on n2"
+        assert second.disconnects.get(timeout=10).value == 0x8E
+        clean = client_factory("dev-1", 5)  # a clean start on n2 ends n1's session
+        clean.connect(nodes[1].port, clean_start=True, properties=session)
+        assert third.disconnects.get(timeout=10).value == 0x8E
+        clean.disconnect()
+        last = client_factory("dev-1", 5)
+
+        def session_on_n1() -> bool:
+            flags, _, _ = last.connect(nodes[0].port, clean_start=False, properties=session)
+            last.disconnect()
+            return bool(flags.session_present)
+
+        assert session_on_n1() is False

@@ -68,6 +68,7 @@ class FrameType(IntEnum):
     RETAIN_SYNC = 27  # retained messages (or clears) with their stamps, for another node's store
     NODE_STATS = 28  # a node's $SYS totals, for the other nodes' cluster figures
     FORGET = 29  # a node left the cluster (or is gone for good): stop dialing it, drop it
+    TAKEOVER = 30  # a client id connected on the sender's node: close older connections of it
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -789,6 +790,28 @@ class Members:
 
 
 @dataclass(frozen=True, slots=True)
+class Takeover:
+    """A CONNECT for ``client_id`` on the sender's node at ``stamp`` (wall time, ns): a
+    connection of that client id on the receiver's node that is older is closed with
+    DISCONNECT 0x8E, and with ``clean_start`` its session ends (cluster/takeover.py)."""
+
+    client_id: str
+    clean_start: bool
+    stamp: int
+
+    def encode(self) -> bytes:
+        return Writer().text(self.client_id).u8(self.clean_start).u64(self.stamp).frame(
+            FrameType.TAKEOVER)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Takeover:
+        reader = Reader(body)
+        client_id, clean_start, stamp = reader.text(), bool(reader.u8()), reader.u64()
+        reader.end()
+        return cls(client_id, clean_start, stamp)
+
+
+@dataclass(frozen=True, slots=True)
 class Forget:
     """Node ``node_id`` left the cluster (``meshmq cluster leave``) or an operator removed it
     (``meshmq cluster forget``): the receiver stops dialing it and drops it from its members
@@ -859,7 +882,7 @@ class RetainSync:
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
-         | Members | RetainSync | NodeStats | Forget)
+         | Members | RetainSync | NodeStats | Forget | Takeover)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -873,7 +896,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.ADMIN: Admin, FrameType.ADMIN_ANSWER: AdminAnswer,
     FrameType.LINK_HELLO: LinkHello, FrameType.LINK_AUTH: LinkAuth, FrameType.PING: Ping,
     FrameType.MEMBERS: Members, FrameType.RETAIN_SYNC: RetainSync,
-    FrameType.NODE_STATS: NodeStats, FrameType.FORGET: Forget,
+    FrameType.NODE_STATS: NodeStats, FrameType.FORGET: Forget, FrameType.TAKEOVER: Takeover,
 }
 
 

@@ -41,6 +41,7 @@ from meshmq.cluster.retained import OwnedRetained
 from meshmq.cluster.routes import REMOTE_BASE
 from meshmq.cluster.sockets import MeshSockets
 from meshmq.cluster.stats import MeshStatistics
+from meshmq.cluster.takeover import NodeTakeover
 from meshmq.cluster.tcplinks import NodeSockets
 
 log = logging.getLogger("meshmq.mesh")
@@ -114,6 +115,7 @@ class WorkerCluster:
         join_router(mesh, broker.router, decode_message, self._forwarded_position)
         self.nodes: NodeLinks | None = None
         self.node_retained: NodeRetained | None = None
+        self.takeover: NodeTakeover | None = None
         self.node_sockets: NodeSockets | None = None
         self.metadata: MetaClient | None = None  # the node's metadata voter (cluster.metadata)
         if identity is not None and config.cluster.metadata:
@@ -121,6 +123,8 @@ class WorkerCluster:
         if identity is not None:  # a node of a cluster: links to the other nodes too
             self.nodes = NodeLinks(mesh, identity, on_cluster_id=on_cluster_id)
             self.node_retained = NodeRetained(self.retained, self.nodes)
+            self.takeover = NodeTakeover(self.directory, self.nodes, broker.sessions,
+                                         lifecycle, loop.time)
             self.statistics = ClusterStatistics(self.node_statistics, self.nodes,
                                                 config.mqtt.sys_interval)
             self.node_sockets = NodeSockets(loop, self.sockets, self.nodes,
