@@ -36,6 +36,7 @@ from meshmq.cluster.codec import (
     Deliver,
     Forget,
     Forward,
+    ForwardAck,
     FrameReader,
     FrameType,
     Hello,
@@ -192,6 +193,7 @@ CASES: list[tuple[object, bytes, bool]] = [
      text_bytes("n2") + u("H", 1) + text_bytes("clients_connected") + offsets_bytes([3]),
      True),
     (Forget("n-é"), text_bytes("n-é"), True),
+    (ForwardAck(2**64 - 1), u("Q", 2**64 - 1), True),
     (Takeover("c-é", True, 2**64 - 1), text_bytes("c-é") + u("BQ", 1, 2**64 - 1), True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
@@ -298,6 +300,7 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
     FrameType.MEMBERS: st.builds(Members, st.lists(st.tuples(unicode_text, unicode_text),
                                                    max_size=3)),
     FrameType.FORGET: st.builds(Forget, unicode_text),
+    FrameType.FORWARD_ACK: st.builds(ForwardAck, u64s),
     FrameType.TAKEOVER: st.builds(Takeover, unicode_text, st.booleans(), u64s),
     FrameType.NODE_STATS: st.builds(NodeStats, unicode_text,
                                     st.dictionaries(unicode_text, u64s, max_size=4)),

@@ -69,6 +69,7 @@ class FrameType(IntEnum):
     NODE_STATS = 28  # a node's $SYS totals, for the other nodes' cluster figures
     FORGET = 29  # a node left the cluster (or is gone for good): stop dialing it, drop it
     TAKEOVER = 30  # a client id connected on the sender's node: close older connections of it
+    FORWARD_ACK = 31  # the count of FORWARD and RETAIN_SYNC frames handled on this link
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -790,6 +791,24 @@ class Members:
 
 
 @dataclass(frozen=True, slots=True)
+class ForwardAck:
+    """From the accepting end of a link between nodes: it has handled the link's first
+    ``count`` FORWARD and RETAIN_SYNC frames (cluster/resend.py)."""
+
+    count: int
+
+    def encode(self) -> bytes:
+        return Writer().u64(self.count).frame(FrameType.FORWARD_ACK)
+
+    @classmethod
+    def decode(cls, body: bytes) -> ForwardAck:
+        reader = Reader(body)
+        count = reader.u64()
+        reader.end()
+        return cls(count)
+
+
+@dataclass(frozen=True, slots=True)
 class Takeover:
     """A CONNECT for ``client_id`` on the sender's node at ``stamp`` (wall time, ns): a
     connection of that client id on the receiver's node that is older is closed with
@@ -882,7 +901,7 @@ class RetainSync:
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
-         | Members | RetainSync | NodeStats | Forget | Takeover)
+         | Members | RetainSync | NodeStats | Forget | Takeover | ForwardAck)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -897,6 +916,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.LINK_HELLO: LinkHello, FrameType.LINK_AUTH: LinkAuth, FrameType.PING: Ping,
     FrameType.MEMBERS: Members, FrameType.RETAIN_SYNC: RetainSync,
     FrameType.NODE_STATS: NodeStats, FrameType.FORGET: Forget, FrameType.TAKEOVER: Takeover,
+    FrameType.FORWARD_ACK: ForwardAck,
 }
 
 

@@ -53,6 +53,7 @@ from meshmq.cluster.codec import (
     BarrierDone,
     Forget,
     Forward,
+    ForwardAck,
     FrameType,
     LinkAuth,
     LinkError,
@@ -71,6 +72,7 @@ from meshmq.cluster.nodelink import (
     link_mac,
     new_nonce,
 )
+from meshmq.cluster.resend import ACK_EVERY, ResendLog
 from meshmq.cluster.routes import REMOTE_BASE, RouteKey
 
 if TYPE_CHECKING:
@@ -99,6 +101,9 @@ class RemoteState:
     cluster_id: str = ""
     ready: bool = False
     suspect: bool = False
+    received: int = 0  # (accepted) FORWARD and RETAIN_SYNC frames handled on this link
+    acked: int = 0  # ... and the count last acknowledged (FORWARD_ACK)
+    fresh_routes: bool = True  # (dialed) the next ROUTES is the node's whole set
 
 
 @dataclass(slots=True)
@@ -112,7 +117,7 @@ class NodePeer:
 
 # Frames a link between nodes may carry once ready, by the side it arrives on.
 _FROM_ACCEPTOR = frozenset({FrameType.ROUTES, FrameType.MEMBERS, FrameType.PING,
-                            FrameType.BARRIER, FrameType.BARRIER_DONE})
+                            FrameType.BARRIER, FrameType.BARRIER_DONE, FrameType.FORWARD_ACK})
 _FROM_DIALER = frozenset({FrameType.FORWARD, FrameType.PING, FrameType.BARRIER,
                           FrameType.BARRIER_DONE, FrameType.MEMBERS})
 
@@ -134,10 +139,12 @@ class NodeLinks:
     # nodes that left or were removed: not dialed, not taken from MEMBERS, until they link
     forgotten: set[str] = field(default_factory=set)
     _peer_ids: dict[str, int] = field(default_factory=dict)  # node id -> its peer id
+    # peer id -> the closed dialed link that stays its route until a new one is up
+    _parked: dict[int, _Link] = field(default_factory=dict)
     _next_accepted: int = REMOTE_BASE + (1 << 15)
     _heartbeat: Timer | None = None
     counters: dict[str, int] = field(default_factory=lambda: {
-        "links_refused": 0, "links_dead": 0, "suspected": 0, "relayed": 0})
+        "links_refused": 0, "links_dead": 0, "suspected": 0, "relayed": 0, "resent": 0})
 
     def __post_init__(self) -> None:
         self.mesh.node_links = self
@@ -169,7 +176,14 @@ class NodeLinks:
         mesh.requests.link_down(link.ident)
         node_id = state.hello.node_id if state.hello else "?"
         if state.side is Side.DIALED:
-            mesh.routes.forget(peer)
+            if mesh.closing or node_id in self.forgotten or link.resend is None:
+                mesh.routes.forget(peer)
+            else:  # its routes stay; what is routed there waits (cluster/resend.py)
+                link.parked = True
+                link.congested = False
+                link.data, link.data_bytes = [], 0
+                mesh.routable[peer] = link
+                self._parked[peer] = link
             known = self.nodes.get(node_id)
             if known is not None and known.link is link:
                 known.link = None
@@ -196,14 +210,25 @@ class NodeLinks:
         if frame_type == FrameType.FORWARD:
             if mesh.on_forward is not None:
                 mesh.on_forward(peer, Forward.decode(body))
+            self._handled(link, state)
             return
         frame = decode_frame(frame_type, body)
         handler = self.handlers.get(frame_type)
         if handler is not None and not dialed:
             handler(peer, frame)
+            if frame_type == FrameType.RETAIN_SYNC:
+                self._handled(link, state)
+        elif frame_type == FrameType.FORWARD_ACK:
+            assert isinstance(frame, ForwardAck)
+            if link.resend is not None:
+                link.resend.acked(frame.count)
         elif frame_type == FrameType.ROUTES:
             assert isinstance(frame, Routes)
-            mesh.routes.apply(peer, frame.changes)
+            if state.fresh_routes:  # the node's whole set, after (re)linking
+                state.fresh_routes = False
+                mesh.routes.replace(peer, frame.changes)
+            else:
+                mesh.routes.apply(peer, frame.changes)
         elif frame_type == FrameType.MEMBERS:
             assert isinstance(frame, Members)
             self._members(frame.members)
@@ -213,6 +238,17 @@ class NodeLinks:
         else:  # BARRIER_DONE, the one answer a link between nodes carries today
             assert isinstance(frame, BarrierDone)
             mesh.requests.answer(link.ident, frame.request_id, frame)
+
+    def _handled(self, link: _Link, state: RemoteState) -> None:
+        """(accepted) One more FORWARD or RETAIN_SYNC handled: acknowledged every
+        ``ACK_EVERY`` (and on each heartbeat)."""
+        state.received += 1
+        if state.received - state.acked >= ACK_EVERY:
+            self._ack(link, state)
+
+    def _ack(self, link: _Link, state: RemoteState) -> None:
+        state.acked = state.received
+        self.mesh.queue(link, ForwardAck(state.received).encode())
 
     def _handshake(self, link: _Link, state: RemoteState, frame_type: int, body: bytes) -> None:
         if state.hello is None:
@@ -271,6 +307,17 @@ class NodeLinks:
             mesh.remote[peer] = link
             mesh.routable[peer] = link
             known.link = link
+            link.resend = ResendLog(hello.node_id)
+            parked = self._parked.pop(peer, None)
+            if parked is not None and parked.resend is not None:
+                waiting = parked.resend.take()  # first, in order: they were routed first
+                for frame in waiting:
+                    mesh.forward_to(link, frame)
+                self.counters["resent"] += len(waiting)
+                if waiting:
+                    log.info("resent to node=%s frames=%d (not acknowledged before the link "
+                             "closed, or routed while it was down)", hello.node_id,
+                             len(waiting))
             log.info("linked node=%s address=%s their_worker=%d", hello.node_id,
                      hello.address, hello.worker)
             for listener in self.on_node_up:
@@ -279,9 +326,8 @@ class NodeLinks:
             peer = link.peer = self._next_accepted
             self._next_accepted += 1
             mesh.remote[peer] = link
-            routes = mesh.routes.announce_node()
-            if routes:
-                mesh.queue(link, Routes(routes).encode())
+            # the whole set, even empty: it replaces what the dialer kept while unlinked
+            mesh.queue(link, Routes(mesh.routes.announce_node()).encode())
             mesh.queue(link, Members(self.members()).encode())
 
     # ------------------------------------------------------------------ members
@@ -327,6 +373,12 @@ class NodeLinks:
             return False  # (this node's own leaving is spread, never applied here)
         if node_id != self.identity.node_id:
             self.forgotten.add(node_id)
+            peer = self._peer_ids.get(node_id)
+            parked = self._parked.pop(peer, None) if peer is not None else None
+            if parked is not None and peer is not None:  # what waited for it goes too
+                self.mesh.routes.forget(peer)
+                if self.mesh.routable.get(peer) is parked:
+                    del self.mesh.routable[peer]
         known = self.nodes.pop(node_id, None)
         for listener in self.on_forget:
             listener(node_id)
@@ -407,6 +459,8 @@ class NodeLinks:
             elif quiet < SUSPECT_AFTER and state.suspect:
                 state.suspect = False
                 log.info("node no longer suspected node=%s", name)
+            if state.ready and state.received > state.acked:
+                self._ack(link, state)
             if state.ready and now - link.last_out >= HEARTBEAT:
                 mesh.queue(link, Ping().encode())
         if remote_links:

@@ -133,6 +133,15 @@ class Routes:
                 if local:
                     self._node_change(key, -1)
 
+    def replace(self, peer: int, changes: Iterable[RouteChange]) -> None:
+        """``peer``'s whole route set (a node that linked again): routes it no longer has go,
+        new ones come, those it still has stay in place throughout."""
+        wanted = {(group, topic_filter) for added, group, topic_filter in changes if added}
+        known = self._peer_routes.get(peer, set())
+        self.apply(peer, [(False, group, topic_filter) for group, topic_filter in known
+                          if (group, topic_filter) not in wanted]
+                   + [(True, group, topic_filter) for group, topic_filter in wanted])
+
     def forget(self, peer: int) -> None:
         """``peer``'s link dropped: its routes go (it announces them again when it relinks)."""
         for key in self._peer_routes.pop(peer, set()):
