@@ -29,7 +29,9 @@ every node, whichever worker the kernel gave each link to.
 Liveness. A socket close is not enough between hosts (a stopped or cut-off node closes
 nothing), so every link carries a ``PING`` when it has been quiet for ``HEARTBEAT``; a link that
 heard nothing for ``SUSPECT_AFTER`` is *suspect* (logged once), and after ``DEAD_AFTER`` it is
-closed as dead, its routes and requests gone (the dialing side dials again with backoff). The
+closed as dead, its requests gone (the dialing side dials again with backoff); its routes
+stay, and what is routed to that node meanwhile waits for the next link (cluster/resend.py:
+every FORWARD is kept until the other end acknowledges it, ``FORWARD_ACK``). The
 times allow for a loaded 2-core machine: an event loop stalled by a garbage collection or an
 fsync for a second must not look dead.
 
