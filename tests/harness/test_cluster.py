@@ -218,10 +218,11 @@ def free_runs(count: int, length: int) -> list[int]:
 
 def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
         tmp_path: Path, client_factory: Callable[..., Client]) -> None:
-    mqtt_port, cluster_port = free_runs(2, 2)
+    mqtt_port, cluster_port, admin_port = free_runs(3, 2)
     dev = subprocess.Popen(
         [sys.executable, "-m", "meshmq", "cluster", "dev", "--nodes", "2", "--dir",
-         str(tmp_path / "dev"), "--port", str(mqtt_port), "--cluster-port", str(cluster_port)],
+         str(tmp_path / "dev"), "--port", str(mqtt_port), "--cluster-port", str(cluster_port),
+         "--admin-port", str(admin_port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         logs = [tmp_path / "dev" / name / "node.log" for name in ("n1", "n2")]
@@ -234,11 +235,19 @@ def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
         publisher.connect(mqtt_port)
         publisher.publish("dev/hello", "from n1", qos=1)
         assert subscriber.expect().payload == b"from n1"
+        status = subprocess.run(  # the command it printed works as printed
+            [sys.executable, "-m", "meshmq", "cluster", "status", "--admin",
+             f"http://127.0.0.1:{admin_port}", "--api-key", "dev"],
+            capture_output=True, text=True, timeout=30)
+        assert re.search(r"^n2\s+127\.0\.0\.1:\d+\s+1/1\s+linked$", status.stdout, re.M), \
+            status.stdout + status.stderr
     finally:
         dev.send_signal(signal.SIGINT)
         output, _ = dev.communicate(timeout=60)
     assert dev.returncode == 0, output
     assert "2 nodes on 127.0.0.1" in output
+    assert f"meshmq cluster status --admin http://127.0.0.1:{admin_port} --api-key dev" \
+        in output
 
 
 LONG = os.environ.get("MESHMQ_FAULTS") == "1"

@@ -31,6 +31,9 @@ def add_cluster_command(commands: Any) -> None:
                      help="cluster port of the first node; the others take the next ones")
     dev.add_argument("--workers", type=int, default=1, metavar="N",
                      help="worker processes per node (default 1)")
+    dev.add_argument("--admin-port", type=int, default=18083, metavar="N",
+                     help="admin listener of the first node, the others on the next ones, "
+                     "API key 'dev' (default 18083; 0: none)")
     dev.set_defaults(run=_dev)
     status = actions.add_parser(
         "status", help="a node's view of the cluster: members, links, suspected nodes",
@@ -66,7 +69,8 @@ def _dev(args: argparse.Namespace) -> int:
         return 2
     from meshmq.node.devcluster import run_dev_cluster
 
-    return run_dev_cluster(args.nodes, args.dir, args.port, args.cluster_port, args.workers)
+    return run_dev_cluster(args.nodes, args.dir, args.port, args.cluster_port, args.workers,
+                           args.admin_port)
 
 
 def _ask(args: argparse.Namespace, action: str, path: str, method: str = "GET"
