@@ -215,3 +215,16 @@ def test_a_forgotten_node_drops_what_waited_for_it() -> None:
     net.of("a").publish("t", b"after")
     net.pump()
     assert net.of("b").deliveries["s"] == [b"after"]
+
+
+def test_a_shared_groups_messages_go_to_members_that_are_up_not_to_a_node_that_is_down() -> None:
+    net = ClusterNet({"a": 1, "b": 1, "c": 1})
+    net.of("b").subscribe("m-b", "$share/g/jobs")
+    net.of("c").subscribe("m-c", "$share/g/jobs")
+    net.pump()
+    net.stop(net.of("c").index)
+    net.advance(DEAD_AFTER + 1)  # c is down: parked
+    for n in range(10):
+        net.of("a").publish("jobs", f"{n}".encode())
+    net.pump()
+    assert net.of("b").deliveries["m-b"] == [f"{n}".encode() for n in range(10)]

@@ -197,6 +197,7 @@ class Mesh:
         self.peers: dict[int, _Link] = {}  # linked peers of this node (HELLO received)
         self.remote: dict[int, _Link] = {}  # ready links to other nodes (cluster/nodes.py)
         self.routable: dict[int, _Link] = {}  # the peers a publish may be forwarded to
+        self.parked: set[int] = set()  # ... of which nodes that are down (cluster/resend.py)
         self.node_links: NodeLinks | None = None  # set by NodeLinks
         self._handlers: dict[int, Handler] = {}
         self._answers = {FrameType.REPLY, FrameType.RETAINED, FrameType.CLAIMED,
@@ -579,7 +580,8 @@ class Mesh:
         """After the local plain deliveries (core interface ``Peers``): forward ``message``
         once to each peer that has a match; return the shared groups to serve here and the
         number of peers forwarded to."""
-        here, targets = self.routes.targets(message.topic, local_groups, self.routable)
+        here, targets = self.routes.targets(message.topic, local_groups, self.routable,
+                                            self.parked)
         if self.local_for is not None:  # that peer delivers it itself (partitions.py)
             self.local_groups = targets.pop(self.local_for, None)
         if not targets:

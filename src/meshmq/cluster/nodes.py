@@ -185,6 +185,7 @@ class NodeLinks:
                 link.congested = False
                 link.data, link.data_bytes = [], 0
                 mesh.routable[peer] = link
+                mesh.parked.add(peer)
                 self._parked[peer] = link
             known = self.nodes.get(node_id)
             if known is not None and known.link is link:
@@ -311,6 +312,7 @@ class NodeLinks:
             known.link = link
             link.resend = ResendLog(hello.node_id)
             parked = self._parked.pop(peer, None)
+            mesh.parked.discard(peer)
             if parked is not None and parked.resend is not None:
                 waiting = parked.resend.take()  # first, in order: they were routed first
                 for frame in waiting:
@@ -378,6 +380,7 @@ class NodeLinks:
             peer = self._peer_ids.get(node_id)
             parked = self._parked.pop(peer, None) if peer is not None else None
             if parked is not None and peer is not None:  # what waited for it goes too
+                self.mesh.parked.discard(peer)
                 self.mesh.routes.forget(peer)
                 if self.mesh.routable.get(peer) is parked:
                     del self.mesh.routable[peer]
