@@ -6,10 +6,12 @@ Inside a node, a CONNECT claims its client id's session from wherever it is held
 connection holding it is closed with DISCONNECT 0x8E (cluster/directory.py). Across nodes,
 every CONNECT also tells the other nodes (``TAKEOVER``, over this worker's dialed links, with
 the wall time of the claim in nanoseconds); the worker that receives it passes it to its
-node's other workers, and each closes a connection of that client id that is *older* than the
-stamp, with DISCONNECT 0x8E ("session taken over"), as a broker must when a client id connects
-again (MQTT-3.1.4-3). Two CONNECTs of one id on two nodes at once: only the older connection is
-closed, on both sides (the newer one ignores the older one's stamp).
+node's other workers, and each closes a connection of that client id whose own claim is
+*older* than the stamp, with DISCONNECT 0x8E ("session taken over"), as a broker must when a
+client id connects again (MQTT-3.1.4-3). Two CONNECTs of one id on two nodes at once: only the
+older one's connection is closed (the newer one ignores the older one's stamp). The stamps are
+the hosts' wall clocks: keep them in step (NTP), or a skew wider than the time between two
+CONNECTs of one id may close the newer one instead.
 
 Sessions do not move between nodes (docs/cluster.md, Limits): with Clean Start 1 the closed
 connection's session ends (its will, if any, is published as at any session end); with Clean
@@ -50,12 +52,20 @@ class NodeTakeover:
         self.now = now  # the loop's time (a session's end)
         self.clock = clock
         self.counters = {"takeovers_sent": 0, "taken_over": 0}
+        # client id -> the stamp of its last CONNECT here: the two sides of a race compare
+        # the same kind of time (a claim's), so exactly one of them goes
+        self.claimed_at: dict[str, int] = {}
         directory.on_claim = self._claimed_here
         links.mesh.handle(FrameType.TAKEOVER, self._from_peer)
         links.handlers[FrameType.TAKEOVER] = self._from_node
 
     def _claimed_here(self, client_id: str, clean_start: bool) -> None:
-        frame = Takeover(client_id, clean_start, self.clock()).encode()
+        stamp = self.clock()
+        claimed = self.claimed_at
+        claimed[client_id] = stamp
+        if len(claimed) > 2 * len(self.sessions) + 1024:  # forget those with no session here
+            self.claimed_at = {cid: at for cid, at in claimed.items() if cid in self.sessions}
+        frame = Takeover(client_id, clean_start, stamp).encode()
         for peer in self.links.linked_nodes():
             if self.links.mesh.send(peer, frame):
                 self.counters["takeovers_sent"] += 1
@@ -73,7 +83,8 @@ class NodeTakeover:
             return
         client = session.client
         if is_handle(client):
-            if client.connected_at * 1e9 >= frame.stamp:
+            mine = self.claimed_at.get(frame.client_id, int(client.connected_at * 1e9))
+            if mine >= frame.stamp:
                 return  # newer than the CONNECT elsewhere: that one's connection goes
             self.counters["taken_over"] += 1
             log.info("connection taken over from another node client_id=%s", frame.client_id)
