@@ -611,3 +611,20 @@ def test_a_node_that_hangs_past_dead_gets_what_was_routed_to_it(
             got.append(subscriber.expect(timeout=30).payload)
         assert [payload for payload in dict.fromkeys(got) if payload != b"0"] == sent
         assert "resent to node=n2" in nodes[0].log()
+
+
+def test_a_node_with_metadata_on_port_0_runs_its_voter_on_the_next_port(tmp_path: Path) -> None:
+    """The voter listens on the cluster port + 1: with ``listen`` port 0 the supervisor draws a
+    cluster port whose next one is free, so the voter starts and the node becomes controller."""
+    node = Node("n1", tmp_path / "n1", cluster_config(tmp_path, "n1", [],
+                                                      extra="metadata = true\n"))
+    node.start()
+    try:
+        raft = node.ports["cluster"] + 1
+        wait_for(lambda: f"raft=127.0.0.1:{raft}" in node.log(), what="the voter's address")
+        wait_for(lambda: "controller node=n1 epoch=1" in node.log(), timeout=30,
+                 what="n1 to claim the controller")
+        with socket.create_connection(("127.0.0.1", raft), timeout=5):
+            pass  # the voter listens there
+    finally:
+        node.stop()
