@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 from meshmq.cluster.codec import (
     MAX_FRAME,
     Barrier,
+    BarrierDone,
+    Forward,
     FrameType,
     LinkAuth,
     LinkError,
@@ -184,7 +186,6 @@ class NodeLinks:
             return
         if frame_type == FrameType.FORWARD:
             if mesh.on_forward is not None:
-                from meshmq.cluster.codec import Forward
                 mesh.on_forward(peer, Forward.decode(body))
             return
         frame = decode_frame(frame_type, body)
@@ -197,8 +198,9 @@ class NodeLinks:
         elif frame_type == FrameType.BARRIER:
             assert isinstance(frame, Barrier)
             mesh.answer_barrier(peer, frame)
-        else:  # an answer
-            mesh.requests.answer(link.ident, frame.request_id, frame)  # type: ignore[union-attr]
+        else:  # BARRIER_DONE, the one answer a link between nodes carries today
+            assert isinstance(frame, BarrierDone)
+            mesh.requests.answer(link.ident, frame.request_id, frame)
 
     def _handshake(self, link: _Link, state: RemoteState, frame_type: int, body: bytes) -> None:
         if state.hello is None:

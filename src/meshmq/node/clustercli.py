@@ -82,4 +82,19 @@ def render_status(state: dict[str, Any]) -> str:
             "linked" if node["linked"] == state["workers"] else
             "down" if not node["linked"] else "partly linked")
         lines.append(f"{node['node_id']:<16} {node['address']:<24} {links:<10} {health}")
+    metadata = state.get("metadata")
+    if not metadata:
+        return "\n".join(lines)
+    controller = metadata.get("controller")
+    lines += ["", "metadata: version {} controller {}".format(
+        metadata["version"],
+        f"{controller['node']} (epoch {controller['epoch']})" if controller else "(none yet)")]
+    down = {node["node_id"] for node in state["nodes"] if not node["linked"]}
+    lines.append(f"{'partition':<10} {'leader':<16} {'worker':<7} {'epoch':<6} state")
+    for partition, assignment in sorted(metadata["partitions"].items(),
+                                        key=lambda item: int(item[0])):
+        leader = assignment["leader"]
+        health = "offline (its leader is down)" if leader in down else "online"
+        lines.append(f"{partition:<10} {leader:<16} {assignment['worker']:<7} "
+                     f"{assignment['leader_epoch']:<6} {health}")
     return "\n".join(lines)

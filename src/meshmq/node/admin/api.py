@@ -114,7 +114,9 @@ async def get_cluster(request: web.Request) -> web.Response:
     return web.json_response({
         "node_id": first["node_id"],
         "cluster_id": next((a["cluster_id"] for a in answers if a["cluster_id"]), ""),
-        "workers": views.workers, "nodes": sorted(nodes.values(), key=lambda n: n["node_id"])})
+        "workers": views.workers, "nodes": sorted(nodes.values(), key=lambda n: n["node_id"]),
+        "metadata": max((a.get("metadata") for a in answers if a.get("metadata")),
+                        key=lambda m: m["version"], default=None)})
 
 
 async def get_node(request: web.Request) -> web.Response:
