@@ -509,7 +509,7 @@ def test_write_now_never_rolls_and_fails_everything_once_an_fsync_failed(
     log = CommitLog(tmp_path, LogConfig(partitions=1, segment_bytes=2_000), fsync=flaky_fsync)
     writer = LogWriter(log, fsync_policy="interval", fsync_interval_ms=600_000)
     assert writer.write_now([batch_of(0, FsyncPolicy.INTERVAL, "a", 0, 10)]) == []
-    big = batch_of(0, FsyncPolicy.INTERVAL, "a", 10, 30)  # over 2 KB: the segment must roll
+    big = batch_of(0, FsyncPolicy.INTERVAL, "a", 10, 30)  # with the 10 above, over 2 KB
     assert writer.write_now([big]) == [big]  # left for the writer thread, which may fsync
     assert big.error is None and log.next_offset(0) == 10
     outcomes: queue.Queue = queue.Queue()
@@ -548,4 +548,26 @@ def test_submit_batches_raises_when_the_records_do_not_fit(tmp_path: Path) -> No
         writer.submit_batches([batch_of(0, FsyncPolicy.NEVER, "d", 0, 1)], outcomes.put)
     with pytest.raises(LogClosed):
         writer.write_now([batch_of(0, FsyncPolicy.NEVER, "d", 0, 1)])
+    log.close()
+
+
+def test_write_now_leaves_the_later_batches_of_a_partition_that_must_roll(
+        tmp_path: Path) -> None:
+    """A small batch after one that waits for a roll would fit the old segment, but written
+    first it would take lower offsets than the publishes before it."""
+    log = CommitLog(tmp_path, LogConfig(partitions=2, segment_bytes=2_000))
+    writer = LogWriter(log, fsync_policy="interval", fsync_interval_ms=600_000)
+    assert writer.write_now([batch_of(0, FsyncPolicy.INTERVAL, "a", 0, 10)]) == []
+    big = batch_of(0, FsyncPolicy.INTERVAL, "a", 10, 30)  # 1,603 bytes after 563: roll first
+    small = batch_of(0, FsyncPolicy.INTERVAL, "a", 40, 1)  # 95 bytes: would still fit
+    other = batch_of(1, FsyncPolicy.INTERVAL, "b", 0, 1)  # another partition goes ahead
+    assert writer.write_now([big, other, small]) == [big, small]
+    assert log.next_offset(0) == 10 and other.base_offset == 0
+    outcomes: queue.Queue = queue.Queue()
+    writer.submit_batches([big, small], outcomes.put)
+    assert outcomes.get(timeout=WAIT) == [big, small]
+    assert (big.base_offset, small.base_offset) == (10, 40)
+    writer.close()
+    assert [r.payload for r in log.read(0, 0, max_bytes=10**6)] == [
+        b"a:%d" % i for i in range(41)]
     log.close()

@@ -290,22 +290,28 @@ class LogWriter:
         """Append ``batches`` on the calling thread, to the OS page cache: for batches whose
         policy (``interval``, ``never``) waits for no fsync, from the one thread that submits
         (the caller keeps them in order with its submissions). Returns those not appended
-        because their partition's segment must roll first: submit them. A partition whose
+        because their partition's segment must roll first, and the later ones of the same
+        partition (so that its offsets keep their order): submit them. A partition whose
         append fails gets its batch's ``error`` set (every batch's, once an fsync failed).
         Raises ``LogClosed`` after ``close()``."""
         if self._closed:
             raise LogClosed("the log writer is closed")
         failure = self._failure
         left: list[AppendBatch] = []
+        waiting: set[int] = set()  # partitions with a batch left for the writer thread
         dirty: list[int] = []
         for batch in batches:
             if failure is not None:
                 batch.error = failure
                 continue
             assert batch.policy is not FsyncPolicy.ALWAYS, "always batches wait for an fsync"
+            if batch.partition in waiting:
+                left.append(batch)
+                continue
             try:
                 if not self.log.append_built(batch.partition, (batch,), roll=False):
                     left.append(batch)
+                    waiting.add(batch.partition)
                     continue
             except Exception as exc:
                 batch.error = exc
