@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = select(suite(args.quick), args.scenarios.split(",") if args.scenarios else None)
     if args.list:
         for s in suite(args.quick):
-            print(f"{s.name:<16} {s.title}")
+            print(f"{s.name:<26} {s.title}")
         return 0
     brokers = [b for b in args.brokers.split(",") if b]
     if unknown := [b for b in brokers if b not in BROKERS]:

@@ -77,7 +77,8 @@ def summarise(raw: Path, top: int = 20) -> dict[str, object]:
         frames = stack.split(";")
         thread = "?"
         if frames[0].startswith("thread ("):
-            thread = frames.pop(0).partition("): ")[2] or frames[0]
+            head = frames.pop(0)
+            thread = head.partition("): ")[2] or head
         frames = [short_frame(f) for f in frames if not f.startswith("process ")]
         if not frames:
             continue

@@ -22,6 +22,9 @@ IDLE_REPEATS = 3
 TWO_WORKERS: dict[str, object] = {"server.workers": 2}
 LOG_OFF: dict[str, object] = {"log.enabled": False, **LOSSLESS_MESHMQ}
 LOG_ON: dict[str, object] = {"log.enabled": True, "log.fsync": "always", **LOSSLESS_MESHMQ}
+# The log on with fsync every second: a PUBACK once the record is written to the OS.
+LOG_INTERVAL: dict[str, object] = {**LOG_ON, "log.fsync": "interval",
+                                   "log.fsync_interval_ms": 1000}
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,9 @@ def suite(quick: bool = False) -> list[Scenario]:
         Scenario("fanin_qos1_log", "fan-in QoS 1, meshmq log on (fsync always)", "throughput",
                  pubs=10, subs=1, qos=1, meshmq=LOG_ON, brokers=("meshmq",),
                  reference="fanin_qos1"),
+        Scenario("fanin_qos1_log_interval", "fan-in QoS 1, meshmq log on (fsync interval)",
+                 "throughput", pubs=10, subs=1, qos=1, meshmq=LOG_INTERVAL,
+                 brokers=("meshmq",), reference="fanin_qos1"),
         Scenario("fanout_qos0", f"fan-out QoS 0 (1 pub -> {fanout_subs} subs)", "throughput",
                  topology="fanout", pubs=1, subs=fanout_subs, qos=0),
         Scenario("pairs_qos1", "100 pub/sub pairs QoS 1, log off", "throughput",
@@ -112,10 +118,20 @@ def suite(quick: bool = False) -> list[Scenario]:
         Scenario("pairs_qos1_log", "100 pairs QoS 1, meshmq log on (fsync always)",
                  "throughput", topology="pairs", pubs=100, subs=100, qos=1, meshmq=LOG_ON,
                  brokers=("meshmq",), reference="pairs_qos1"),
+        Scenario("pairs_qos1_log_interval", "100 pairs QoS 1, meshmq log on (fsync interval)",
+                 "throughput", topology="pairs", pubs=100, subs=100, qos=1,
+                 meshmq=LOG_INTERVAL, brokers=("meshmq",), reference="pairs_qos1"),
         Scenario("latency_qos0", "latency QoS 0 at 10k msg/s", "latency", pubs=1, subs=1,
                  qos=0, rate=10_000),
         Scenario("latency_qos1", "latency QoS 1 at 10k msg/s, log off", "latency", pubs=1,
                  subs=1, qos=1, rate=10_000, meshmq=LOG_OFF),
+        Scenario("latency_qos1_log", "latency QoS 1 at 10k msg/s, meshmq log on (fsync always)",
+                 "latency", pubs=1, subs=1, qos=1, rate=10_000, meshmq=LOG_ON,
+                 brokers=("meshmq",), reference="latency_qos1"),
+        Scenario("latency_qos1_log_interval",
+                 "latency QoS 1 at 10k msg/s, meshmq log on (fsync interval)", "latency",
+                 pubs=1, subs=1, qos=1, rate=10_000, meshmq=LOG_INTERVAL, brokers=("meshmq",),
+                 reference="latency_qos1"),
         Scenario("idle", f"{idle_conns:,} idle connections", "idle", conns=idle_conns,
                  repeats=IDLE_REPEATS),
         Scenario("idle_v5", f"{idle_conns:,} idle connections, MQTT 5.0", "idle",

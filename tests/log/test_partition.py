@@ -11,7 +11,7 @@ from meshmq.log.config import LogConfig
 from meshmq.log.errors import CorruptSegment, LogClosed, OffsetOutOfRange
 from meshmq.log.files import segment_file_name
 from meshmq.log.partition import CLEAN_SHUTDOWN_FILE, Partition
-from meshmq.log.record import Record
+from meshmq.log.record import BatchBuilder, Record
 
 T0 = 1_700_000_000_000
 SMALL = LogConfig(partitions=1, segment_bytes=2_000, index_interval_bytes=200)
@@ -299,3 +299,50 @@ def test_readers_run_concurrently_with_an_appender(tmp_path: Path) -> None:
         thread.join()
     assert errors == []
     assert partition.next_offset == 400
+
+
+def built(recs: list[Record]) -> BatchBuilder:
+    builder = BatchBuilder()
+    for record in recs:
+        builder.add_record(record)
+    return builder
+
+
+def test_append_built_gives_dense_offsets_in_order_and_rolls_when_due(
+        tmp_path: Path) -> None:
+    partition = Partition(tmp_path, SMALL, now_ms=T0)
+    expected: list[int] = []
+    for turn in range(12):  # three batches of four records per call: ~1 KB, 2 KB segments
+        batches = [built(records(4, turn * 12 + n * 4)) for n in range(3)]
+        base = partition.next_offset
+        assert partition.append_built(batches, T0)
+        assert [b.base_offset for b in batches] == [base, base + 4, base + 8]
+        expected += range(turn * 12, turn * 12 + 12)
+    got = partition.read(0, max_bytes=10**8)
+    assert [r.offset for r in got] == list(range(len(expected)))
+    assert payload_numbers(got) == expected
+    assert partition.statistics().segments > 3  # rolls were exercised
+    crash(partition)  # what is on disk reopens the same, indexes included
+    reopened = Partition(tmp_path, SMALL, now_ms=T0)
+    assert payload_numbers(reopened.read(0, max_bytes=10**8)) == expected
+    assert payload_numbers(reopened.read(30, max_records=1)) == [30]
+    reopened.close()
+
+
+def test_append_built_without_roll_appends_nothing_when_the_segment_must_roll(
+        tmp_path: Path) -> None:
+    partition = Partition(tmp_path, SMALL, now_ms=T0)
+    fill(partition, 2, per_batch=10)  # 1,526 bytes of the 2,000-byte segment
+    segments, next_offset = partition.statistics().segments, partition.next_offset
+    batch = built(records(10, next_offset))  # 763 bytes: does not fit
+    assert not partition.append_built([batch], T0, roll=False)  # a roll would fsync
+    assert partition.next_offset == next_offset and partition.statistics().segments == segments
+    assert partition.append_built([built(records(1, next_offset))], T0, roll=False)  # fits
+    assert not partition.append_built([built(records(1, next_offset + 1))],
+                                      T0 + SMALL.segment_ms + 1, roll=False)  # too old
+    assert partition.append_built([batch], T0)
+    assert batch.base_offset == next_offset + 1
+    assert partition.statistics().segments == segments + 1
+    assert payload_numbers(partition.read(next_offset, max_bytes=10**6)) == [
+        next_offset, *range(next_offset, next_offset + 10)]
+    partition.close()

@@ -16,6 +16,7 @@ from meshmq.log.record import (
     HEADER_SIZE,
     RECORD_PREFIX_SIZE,
     UNASSIGNED_OFFSET,
+    BatchBuilder,
     Record,
     decode_batch,
     decode_batches,
@@ -191,3 +192,41 @@ def test_a_forked_process_draws_message_ids_of_its_own() -> None:
     os.waitpid(child, 0)
     ours = new_message_id(1_000)
     assert len(theirs) == 16 and theirs != ours
+
+
+@given(record_lists(), st.integers(0, 2**40))
+def test_a_batch_built_a_record_at_a_time_is_the_batch_encode_batch_makes(
+        records: list[Record], base: int) -> None:
+    """The broker encodes each publish as it comes (BatchBuilder) and the partition seals the
+    batch once it has offsets: the bytes must be exactly those of encode_batch."""
+    builder = BatchBuilder()
+    assert builder.base_offset == UNASSIGNED_OFFSET
+    for i, record in enumerate(records):
+        assert builder.add(record.topic.encode(), record.client_id.encode(), record.properties,
+                           record.payload, record.qos, record.retain, record.message_id,
+                           record.timestamp_ms) == i
+    head, body, header = builder.seal(base)
+    expected = encode_batch(records, base_offset=base)
+    assert head + body == expected
+    assert header == read_batch_header(expected)
+    assert builder.size == len(expected) and builder.count == len(records)
+    assert builder.base_offset == base
+    assert builder.payload_bytes == sum(len(r.payload) for r in records)
+
+
+def test_a_record_the_batch_cannot_hold_leaves_the_built_batch_unchanged() -> None:
+    builder = BatchBuilder()
+    builder.add(b"t", b"c", b"", b"first", 1, False, bytes(16), 1_000)
+    size = builder.size
+    with pytest.raises(ValueError, match="QoS"):
+        builder.add(b"t", b"c", b"", b"x", 3, False, bytes(16), 1_000)
+    with pytest.raises(ValueError, match="16 bytes"):
+        builder.add(b"t", b"c", b"", b"x", 1, False, bytes(3), 1_000)
+    with pytest.raises(ValueError, match="out of range"):
+        builder.add(b"t", b"c", b"", b"x", 1, False, bytes(16), 1_000 + 2**40)
+    assert (builder.count, builder.size) == (1, size)
+    head, body, _ = builder.seal(7)
+    [record], _ = decode_batch(head + body)
+    assert (record.offset, record.payload) == (7, b"first")
+    with pytest.raises(ValueError, match="at least one record"):
+        BatchBuilder().seal(0)

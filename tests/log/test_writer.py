@@ -21,7 +21,7 @@ from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
 from meshmq.log.errors import LogClosed, LogError
 from meshmq.log.record import Record
-from meshmq.log.writer import AppendResult, FsyncPolicy, LogWriter
+from meshmq.log.writer import AppendBatch, AppendResult, FsyncPolicy, LogWriter
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 T0 = 1_700_000_000_000
@@ -413,4 +413,161 @@ def test_fsync_latency_histogram_counts_every_fsync(tmp_path: Path) -> None:
     assert stats.fsync_seconds > 0
     assert stats.appended == 20
     assert stats.appended_bytes == sum(len(record("h", i).payload) for i in range(20))
+    log.close()
+
+
+def batch_of(partition: int, policy: FsyncPolicy, label: str, start: int,
+             count: int) -> AppendBatch:
+    """A batch as the broker builds one in a loop turn: records encoded as they come."""
+    batch = AppendBatch(partition, policy)
+    for i in range(start, start + count):
+        batch.add_record(Record.new(f"devices/{partition}/t", f"{label}:{i}".encode(), T0 + i))
+    return batch
+
+
+def test_submitted_batches_complete_in_order_after_the_fsync_always_needs(
+        tmp_path: Path) -> None:
+    synced: dict[int, int] = {}  # inode -> file size when it was fsynced
+
+    def recording_fsync(fd: int) -> None:
+        size_before = os.fstat(fd)
+        os.fsync(fd)
+        synced[size_before.st_ino] = size_before.st_size
+
+    log = CommitLog(tmp_path, LogConfig(partitions=2, segment_bytes=8_000),
+                    fsync=recording_fsync)
+    completed: list[tuple[int, list[tuple[int, int]]]] = []
+    violations: list[str] = []
+
+    def done_for(turn: int):
+        def done(batches: list[AppendBatch]) -> None:
+            for batch in batches:
+                assert batch.error is None, batch.error
+                path = log.partition(batch.partition).active_segment.log_path
+                now = os.stat(path)
+                if synced.get(now.st_ino) != now.st_size:
+                    violations.append(f"turn {turn}: {now.st_size} bytes, "
+                                      f"fsynced {synced.get(now.st_ino)}")
+            completed.append((turn, [(b.partition, b.base_offset) for b in batches]))
+        return done
+
+    with LogWriter(log, fsync_policy="always", max_group_records=40) as writer:
+        for turn in range(100):  # 20 records a turn, two partitions: 8 KB segments roll
+            writer.submit_batches([batch_of(p, FsyncPolicy.ALWAYS, f"t{turn}", 10 * p, 10)
+                                   for p in (0, 1)], done_for(turn))
+    assert violations == []
+    assert [turn for turn, _ in completed] == list(range(100))  # in submission order
+    assert [offsets for _, offsets in completed] == [
+        [(0, 10 * turn), (1, 10 * turn)] for turn in range(100)]
+    for partition in (0, 1):
+        payloads = [r.payload for r in log.read(partition, 0, max_bytes=10**8)]
+        assert payloads == [f"t{turn}:{i}".encode() for turn in range(100)
+                            for i in range(10 * partition, 10 * partition + 10)]
+    assert sum(s.segments for s in log.statistics().partitions) > 4  # rolls were exercised
+    log.close()
+
+
+def test_write_now_writes_on_the_callers_thread_and_the_interval_fsyncs_later(
+        tmp_path: Path) -> None:
+    calls: list[int] = []
+    fsynced = threading.Event()
+
+    def hook(fd: int) -> None:
+        os.fsync(fd)
+        calls.append(fd)
+        fsynced.set()
+
+    log = CommitLog(tmp_path, LogConfig(partitions=2), fsync=hook)
+    calls.clear()
+    fsynced.clear()
+    with LogWriter(log, fsync_policy="never", fsync_interval_ms=300) as writer:
+        lazy = batch_of(0, FsyncPolicy.NEVER, "n", 0, 5)
+        assert writer.write_now([lazy]) == []
+        assert lazy.error is None and lazy.base_offset == 0
+        assert log.next_offset(0) == 5  # written at once, on this thread
+        assert calls == [] and writer.statistics().appended == 5
+        started = time.monotonic()
+        timed = batch_of(1, FsyncPolicy.INTERVAL, "i", 0, 3)
+        assert writer.write_now([timed]) == []
+        assert timed.base_offset == 0 and log.next_offset(1) == 3
+        assert fsynced.wait(WAIT)  # the writer thread was woken: the interval runs
+        assert len(calls) == 1  # partition 1 only: the "never" batch asks for no fsync
+        assert time.monotonic() - started < WAIT
+    assert [r.payload for r in log.read(1, 0)] == [b"i:0", b"i:1", b"i:2"]
+    log.close()
+
+
+def test_write_now_never_rolls_and_fails_everything_once_an_fsync_failed(
+        tmp_path: Path) -> None:
+    failing = threading.Event()
+
+    def flaky_fsync(fd: int) -> None:
+        if failing.is_set():
+            raise OSError(errno.EIO, "I/O error")
+        os.fsync(fd)
+
+    log = CommitLog(tmp_path, LogConfig(partitions=1, segment_bytes=2_000), fsync=flaky_fsync)
+    writer = LogWriter(log, fsync_policy="interval", fsync_interval_ms=600_000)
+    assert writer.write_now([batch_of(0, FsyncPolicy.INTERVAL, "a", 0, 10)]) == []
+    big = batch_of(0, FsyncPolicy.INTERVAL, "a", 10, 30)  # with the 10 above, over 2 KB
+    assert writer.write_now([big]) == [big]  # left for the writer thread, which may fsync
+    assert big.error is None and log.next_offset(0) == 10
+    outcomes: queue.Queue = queue.Queue()
+    writer.submit_batches([big], outcomes.put)
+    assert outcomes.get(timeout=WAIT) == [big]
+    assert big.error is None and big.base_offset == 10
+    assert log.statistics().partitions[0].segments == 2
+    failing.set()
+    writer.submit_batches([batch_of(0, FsyncPolicy.ALWAYS, "b", 0, 1)], outcomes.put)
+    [failed] = outcomes.get(timeout=WAIT)
+    assert isinstance(failed.error, LogError)
+    later = batch_of(0, FsyncPolicy.INTERVAL, "c", 0, 1)
+    assert writer.write_now([later]) == []
+    assert isinstance(later.error, LogError)  # not written: the page cache is not trusted
+    writer.close()
+    failing.clear()
+    log.close()
+    with CommitLog(tmp_path, LogConfig(partitions=1, segment_bytes=2_000)) as reopened:
+        payloads = [r.payload for r in reopened.read(0, 38, max_records=5)]
+    assert payloads[:2] == [b"a:38", b"a:39"] and b"c:0" not in payloads
+
+
+def test_submit_batches_raises_when_the_records_do_not_fit(tmp_path: Path) -> None:
+    log, writer, release = busy_writer(tmp_path, 10)
+    outcomes: queue.Queue = queue.Queue()
+    writer.submit_batches([batch_of(0, FsyncPolicy.NEVER, "a", 1, 6)], outcomes.put)
+    assert writer.queued == 6
+    with pytest.raises(queue.Full):
+        writer.submit_batches([batch_of(0, FsyncPolicy.NEVER, "b", 0, 5)], outcomes.put)
+    writer.submit_batches([batch_of(0, FsyncPolicy.NEVER, "c", 0, 4)], outcomes.put)
+    release.set()
+    assert [b.base_offset for b in outcomes.get(timeout=WAIT)] == [1]
+    assert [b.base_offset for b in outcomes.get(timeout=WAIT)] == [7]
+    writer.close()
+    with pytest.raises(LogClosed):
+        writer.submit_batches([batch_of(0, FsyncPolicy.NEVER, "d", 0, 1)], outcomes.put)
+    with pytest.raises(LogClosed):
+        writer.write_now([batch_of(0, FsyncPolicy.NEVER, "d", 0, 1)])
+    log.close()
+
+
+def test_write_now_leaves_the_later_batches_of_a_partition_that_must_roll(
+        tmp_path: Path) -> None:
+    """A small batch after one that waits for a roll would fit the old segment, but written
+    first it would take lower offsets than the publishes before it."""
+    log = CommitLog(tmp_path, LogConfig(partitions=2, segment_bytes=2_000))
+    writer = LogWriter(log, fsync_policy="interval", fsync_interval_ms=600_000)
+    assert writer.write_now([batch_of(0, FsyncPolicy.INTERVAL, "a", 0, 10)]) == []
+    big = batch_of(0, FsyncPolicy.INTERVAL, "a", 10, 30)  # 1,603 bytes after 563: roll first
+    small = batch_of(0, FsyncPolicy.INTERVAL, "a", 40, 1)  # 95 bytes: would still fit
+    other = batch_of(1, FsyncPolicy.INTERVAL, "b", 0, 1)  # another partition goes ahead
+    assert writer.write_now([big, other, small]) == [big, small]
+    assert log.next_offset(0) == 10 and other.base_offset == 0
+    outcomes: queue.Queue = queue.Queue()
+    writer.submit_batches([big, small], outcomes.put)
+    assert outcomes.get(timeout=WAIT) == [big, small]
+    assert (big.base_offset, small.base_offset) == (10, 40)
+    writer.close()
+    assert [r.payload for r in log.read(0, 0, max_bytes=10**6)] == [
+        b"a:%d" % i for i in range(41)]
     log.close()

@@ -53,9 +53,10 @@ class Peers(Protocol):
 # ---------------------------------------------------------------------- the commit log
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Stored:
-    """Durable here: the caller routes the message and advances the high watermark."""
+    """Durable here: the caller routes the message and advances the high watermark. Not
+    frozen, though never changed: one is made per persisted publish (see StoredElsewhere)."""
 
     partition: int
     offset: int

@@ -2,21 +2,31 @@
 
 Theory of operation
 -------------------
-``Persistence.append()`` turns a ``Message`` into a log ``Record`` and hands it to the
-``LogWriter`` thread without blocking; the outcome is typed (``Stored``, ``Refused``:
-broker/interfaces.py). When the writer has made the record as durable as the
-fsync policy promises it calls back on its own thread; completions are queued and delivered to
-the event loop in one ``call_soon_threadsafe`` per burst, in the order the writer finished them
-(which is the order they were submitted). Queuing a completion takes no lock: a deque append
-and a flag test (see ``_completed``). The broker routes the message and sends PUBACK/PUBREC
-only in that callback, so:
+``Persistence.append()`` encodes a ``Message`` into its partition's record batch of the
+current loop turn at once (``AppendBatch``: log/writer.py, ``BatchBuilder``: log/record.py)
+and returns; the outcome is typed (``Stored``, ``Refused``: broker/interfaces.py) and comes
+later. At the end of the turn (one ``call_soon`` per turn) the turn's batches, one per
+partition, go to the log together:
+
+* when every batch of the turn waits for no fsync (``interval``, ``never``) and nothing
+  handed to the writer thread is still pending, they are written here (``write_now``: a
+  page-cache write, no fsync, never a roll) and the turn completes at once;
+* otherwise (``always``, a segment to roll, earlier turns still in the writer) they go to the
+  ``LogWriter`` thread in one submission; when it has made them as durable as the fsync
+  policy promises it calls back on its own thread, and completions are queued and delivered
+  to the event loop in one ``call_soon_threadsafe`` per burst (a deque append and a flag
+  test: see ``_written``).
+
+Turns complete in the order they were appended, and each turn's publishes in their order, so
+the broker routes the message and sends PUBACK/PUBREC only in that callback, and:
 
 * an acknowledged message is in the log under the configured policy (``always``: fsynced);
 * subscribers only ever see messages that are in the log;
-* messages of one publisher keep their order.
+* messages of one publisher keep their order, and so do its acknowledgements.
 
-A full writer queue is backpressure: ``append()`` returns False and the broker refuses the
-publish (5.0: 0x97 Quota exceeded) rather than buffering without bound.
+A full queue is backpressure: ``append()`` returns False when the records waiting for the
+writer (this turn's and the writer's queue) reach ``log.queue_size``, and the broker refuses
+the publish (5.0: 0x97 Quota exceeded) rather than buffering without bound.
 """
 
 from __future__ import annotations
@@ -24,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import time
 from collections import deque
 from collections.abc import Callable, Collection
 from functools import partial
@@ -35,17 +44,16 @@ from meshmq.broker.message import Message
 from meshmq.config import LogSettings
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
-from meshmq.log.errors import LogConfigError
-from meshmq.log.record import Record
-from meshmq.log.writer import AppendResult, FsyncPolicy, LogWriter
+from meshmq.log.errors import LogClosed, LogConfigError
+from meshmq.log.partition import TARGET_BATCH_BYTES
+from meshmq.log.record import Record, new_message_id, wall_clock_ms
+from meshmq.log.writer import AppendBatch, FsyncPolicy, LogWriter
 from meshmq.memo import remember
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import topic_matches, validate_topic_filter
 
 log = logging.getLogger("meshmq.persistence")
-
-_Outcome = AppendResult | BaseException
 
 
 class LogAccess:
@@ -100,7 +108,15 @@ class Persistence(LogAccess):
             self.commit_log, fsync_policy=settings.fsync,
             fsync_interval_ms=settings.fsync_interval_ms, queue_size=settings.queue_size,
         )
-        self._done: deque[tuple[Completion, _Outcome]] = deque()
+        self.queue_size = settings.queue_size
+        self._default_policy = FsyncPolicy(settings.fsync)
+        self._partition_for = self.commit_log.partitioner.partition_for
+        self._entries: list[_Entry] = []  # this turn's publishes, in order
+        self._batches: list[AppendBatch] = []  # this turn's batches, in order
+        self._open: dict[int, AppendBatch] = {}  # the batch filling, by partition
+        self._turn_ms = 0
+        self._in_writer = 0  # turns handed to the writer thread and not completed yet
+        self._done: deque[list[_Entry]] = deque()  # turns the writer completed
         self._scheduled = False
         self._policies: dict[str, FsyncPolicy | None] = {}
         # Per partition, the offset after the last record routed to subscribers (catchup.py).
@@ -119,37 +135,88 @@ class Persistence(LogAccess):
 
     def append(self, message: Message, client_id: str, done: Completion,
                message_id: bytes | None = None) -> bool:
-        """Queue ``message`` for the log; ``done`` runs on the loop once durable (``Stored``)
-        or failed (``Refused``). ``message_id``: the record's id (None: a new one).
+        """Encode ``message`` into this turn's batch for its partition; ``done`` runs on the
+        loop once durable (``Stored``) or failed (``Refused``). ``message_id``: the record's
+        id (None: a new one).
 
-        Returns False, without calling ``done``, when the writer's queue is full.
+        Returns False, without calling ``done``, when the log's queue is full.
         """
-        try:
-            self.writer.submit_nowait(*self._request(message, client_id, done,
-                                                     int(time.time() * 1000), message_id))
-        except queue.Full:
+        entries = self._entries
+        if len(entries) + self.writer.queued >= self.queue_size:
             return False
+        if entries:
+            now_ms = self._turn_ms
+        else:
+            now_ms = self._turn_ms = wall_clock_ms()
+            self.loop.call_soon(self._end_turn)
+        topic = message.topic
+        partition = self._partition_for(topic)
+        policy = (self._policy_for(topic) if self.fsync_rules else None) or self._default_policy
+        batch = self._open.get(partition)
+        # A new batch when the policy changes too (log.fsync_rules), so that a partition's
+        # offsets keep the order of its publishes, as catch-up and replay read them.
+        if batch is None or batch.size > TARGET_BATCH_BYTES or batch.policy is not policy:
+            batch = self._open[partition] = AppendBatch(partition, policy)
+            self._batches.append(batch)
+        try:
+            index = batch.add(message.topic_bytes, client_id.encode(),
+                              message.encoded_properties(), message.payload, message.qos,
+                              message.retain, message_id or new_message_id(now_ms), now_ms)
+        except ValueError as exc:  # a record the format cannot hold: refused alone
+            refused = AppendBatch(partition, batch.policy)
+            refused.error = exc
+            entries.append((done, refused, 0))
+            return True
+        entries.append((done, batch, index))
         return True
 
     def append_many(self, publishes: list[tuple[Message, str, Completion, bytes | None]]
                     ) -> int:
-        """``append`` for each (message, client id, done, message id) in order, under one
-        lock round trip of the writer's queue; returns how many were queued (the rest found
-        it full and their ``done`` is never called)."""
-        now_ms = int(time.time() * 1000)
-        return self.writer.submit_many_nowait(
-            [self._request(message, client_id, done, now_ms, message_id)
-             for message, client_id, done, message_id in publishes])
+        """``append`` for each (message, client id, done, message id) in order; returns how
+        many were taken (the rest found the queue full and their ``done`` is never called)."""
+        taken = 0
+        for message, client_id, done, message_id in publishes:
+            if not self.append(message, client_id, done, message_id):
+                break
+            taken += 1
+        return taken
 
-    def _request(self, message: Message, client_id: str, done: Completion, now_ms: int,
-                 message_id: bytes | None = None
-                 ) -> tuple[Record, Callable[[_Outcome], None], FsyncPolicy | None]:
-        record = Record.new(
-            message.topic, message.payload, now_ms, qos=message.qos, retain=message.retain,
-            properties=message.encoded_properties(), client_id=client_id,
-            message_id=message_id,
-        )
-        return record, partial(self._completed, done), self._policy_for(message.topic)
+    def _end_turn(self) -> None:
+        """This turn's batches go to the log: written here when nothing waits for an fsync,
+        else handed to the writer thread (see the module docstring)."""
+        entries, batches = self._entries, self._batches
+        self._entries, self._batches, self._open = [], [], {}
+        if not entries:
+            return
+        if not self._in_writer and not any(
+                batch.policy is FsyncPolicy.ALWAYS for batch in batches):
+            try:
+                batches = self.writer.write_now(batches)
+            except LogClosed as exc:
+                self._fail(batches, exc)
+                batches = []
+            if not batches:
+                return self._complete(entries)
+        try:
+            self.writer.submit_batches(batches, partial(self._written, entries))
+        except (queue.Full, LogClosed) as exc:
+            self._fail(batches, exc)
+            return self._complete(entries)
+        self._in_writer += 1
+
+    @staticmethod
+    def _fail(batches: list[AppendBatch], error: BaseException) -> None:
+        for batch in batches:
+            batch.error = error
+
+    def _complete(self, entries: list[_Entry]) -> None:
+        """Tell each publish of a turn where it was stored, in order (on the loop)."""
+        for done, batch, index in entries:
+            error = batch.error
+            if error is None:
+                done(Stored(batch.partition, batch.base_offset + index))
+            else:
+                done(Refused(_reason_code(error), f"commit log append failed: {error}"))
 
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
         return self.commit_log.read(partition, offset, max_records=max_records)
@@ -180,14 +247,14 @@ class Persistence(LogAccess):
             None,
         ))
 
-    def _completed(self, done: Completion, outcome: _Outcome) -> None:
-        """On the writer thread: queue the completion, wake the loop once per burst.
+    def _written(self, entries: list[_Entry], batches: list[AppendBatch]) -> None:
+        """On the writer thread: queue the turn's completion, wake the loop once per burst.
 
         No lock: the append comes before the flag test here, and ``_drain`` clears the flag
         before it empties the deque, so a completion is either seen by a drain already
         running or schedules a new one. A race only costs an extra, empty drain.
         """
-        self._done.append((done, outcome))
+        self._done.append(entries)
         if self._scheduled:
             return
         self._scheduled = True
@@ -200,18 +267,36 @@ class Persistence(LogAccess):
         self._scheduled = False
         done = self._done
         while done:
-            callback, outcome = done.popleft()
-            if isinstance(outcome, BaseException):
-                callback(Refused(getattr(outcome, "reason_code", ReasonCode.UNSPECIFIED_ERROR),
-                                 f"commit log append failed: {outcome}"))
-            else:
-                callback(Stored(outcome.partition, outcome.offset))
+            entries = done.popleft()
+            self._in_writer -= 1
+            self._complete(entries)
 
     def close(self) -> None:
-        """Finish queued appends (their completions are dropped) and close the log."""
+        """Write this turn's appends (their completions are dropped), finish the writer's
+        queue, and close the log."""
+        if self._batches:
+            try:
+                self.writer.submit_batches(self._batches, _dropped)
+            except (queue.Full, LogClosed):
+                log.warning("commit log closed with %d appends not written",
+                            len(self._entries))
+            self._entries, self._batches, self._open = [], [], {}
         self.writer.close()
         self.commit_log.close()
         log.info("commit log closed")
+
+
+_Entry = tuple[Completion, AppendBatch, int]  # a publish of a turn: its batch and index
+
+
+def _reason_code(error: BaseException) -> int:
+    if isinstance(error, queue.Full):
+        return ReasonCode.QUOTA_EXCEEDED
+    return getattr(error, "reason_code", ReasonCode.UNSPECIFIED_ERROR)
+
+
+def _dropped(batches: list[AppendBatch]) -> None:
+    """Nobody waits for the appends written while closing."""
 
 
 def parse_fsync_rules(text: str) -> list[tuple[str, FsyncPolicy]]:

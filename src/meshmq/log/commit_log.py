@@ -32,7 +32,7 @@ from meshmq.log.files import FsyncFunction, fsync_directory
 from meshmq.log.locks import LOCK_FILE, acquire
 from meshmq.log.partition import DEFAULT_READ_BYTES, Partition, PartitionStatistics
 from meshmq.log.partitioner import Partitioner
-from meshmq.log.record import FORMAT_VERSION, Record
+from meshmq.log.record import FORMAT_VERSION, BatchBuilder, Record
 
 LOG_DIRECTORY = "log"
 META_FILE = "meta.json"
@@ -143,6 +143,11 @@ class CommitLog:
                   now_ms: int | None = None) -> tuple[int, int]:
         """Append records to one partition whatever their topics; return (first, last) offset."""
         return self.partition(partition).append(records, now_ms)
+
+    def append_built(self, partition: int, batches: Sequence[BatchBuilder],
+                     now_ms: int | None = None, *, roll: bool = True) -> bool:
+        """Append batches encoded already to one partition; see ``Partition.append_built``."""
+        return self.partition(partition).append_built(batches, now_ms, roll=roll)
 
     # -- reading --------------------------------------------------------------------------
 

@@ -29,6 +29,21 @@ def write_at(fd: int, data: bytes, position: int) -> None:
         written += os.pwrite(fd, view[written:], position + written)
 
 
+IOV_MAX = 1024  # buffers per pwritev call (Linux's UIO_MAXIOV)
+
+
+def write_all_at(fd: int, buffers: list[bytes], position: int) -> None:
+    """Write ``buffers`` one after the other from ``position``: one ``pwritev`` call per
+    ``IOV_MAX`` buffers in the usual case, and whatever a short write left, written again."""
+    for start in range(0, len(buffers), IOV_MAX):
+        chunk = buffers[start:start + IOV_MAX]
+        wanted = sum(len(b) for b in chunk)
+        written = os.pwritev(fd, chunk, position)
+        if written < wanted:  # rare (a signal, a full disk): finish it the simple way
+            write_at(fd, b"".join(chunk)[written:], position + written)
+        position += wanted
+
+
 @contextmanager
 def mapped(fd: int, size: int) -> Iterator[mmap.mmap]:
     """The first ``size`` (> 0) bytes of a file, mapped read-only for the ``with`` block."""

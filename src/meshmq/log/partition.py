@@ -52,6 +52,8 @@ from meshmq.log.files import (
 )
 from meshmq.log.record import (
     NO_TIMESTAMP,
+    BatchBuilder,
+    BatchHeader,
     Record,
     decode_batch,
     encode_batch,
@@ -162,6 +164,64 @@ class Partition:
                     self._undo_append(base)
                     raise
         return base, base + len(records) - 1
+
+    def append_built(self, batches: Sequence[BatchBuilder], now_ms: int | None = None, *,
+                     roll: bool = True) -> bool:
+        """Append batches of records encoded already (``BatchBuilder``), in order: each is
+        sealed with the next offsets (its ``base_offset`` says where it went) and all are
+        written with one vectored write when they fit the active segment.
+
+        ``roll=False``: when the active segment would have to be rolled first (which fsyncs
+        it), append nothing and return False; the caller appends them where an fsync may wait.
+        The records are in the OS page cache on return; on error nothing of this call remains.
+        """
+        if not batches:
+            return True
+        now = now_ms if now_ms is not None else wall_clock_ms()
+        with self._mutation_lock:
+            base = self.next_offset
+            with self._lock:
+                self._check_open()
+                active = self._segments[-1]
+                total = sum(batch.size for batch in batches)
+                count = sum(batch.count for batch in batches)
+                due = not active.is_empty and (
+                    active.size + total > self.config.segment_bytes
+                    or active.age(now) > self.config.segment_ms
+                    or not active.fits(total, base + count - 1))
+            if due and not roll:
+                return False
+            buffers: list[bytes] = []
+            headers: list[BatchHeader] = []
+            offset = base
+            for batch in batches:  # outside the state lock, as in append()
+                head, body, header = batch.seal(offset)
+                buffers += (head, body)
+                headers.append(header)
+                offset += batch.count
+            with self._lock:
+                self._check_open()
+                try:
+                    if due:
+                        for index, header in enumerate(headers):
+                            self._append_sealed_locked(buffers[2 * index:2 * index + 2],
+                                                       header, now)
+                    else:
+                        self._segments[-1].append_sealed(buffers, headers)
+                except BaseException:
+                    self._undo_append(base)
+                    raise
+        return True
+
+    def _append_sealed_locked(self, buffers: list[bytes], header: BatchHeader,
+                              now: int) -> None:
+        active = self._segments[-1]
+        if not active.is_empty and (
+                active.size + header.batch_length > self.config.segment_bytes
+                or active.age(now) > self.config.segment_ms
+                or not active.fits(header.batch_length, header.last_offset)):
+            active = self._roll_locked(now)
+        active.append_sealed(buffers, [header])
 
     def _append_locked(self, batch: bytes, first: int, chunk: Sequence[Record],
                        now: int) -> None:

@@ -148,6 +148,90 @@ def message_id_timestamp(message_id: bytes) -> int:
 # -- encoding ---------------------------------------------------------------------------------
 
 
+class BatchBuilder:
+    """One record batch encoded a record at a time, before its base offset is known.
+
+    ``add`` encodes a record at once (its offset delta is its index in the batch); ``seal``
+    gives the batch its base offset, header and CRC once the partition assigns it. So a batch
+    of a loop turn's publishes is encoded as they arrive and the writer only adds 43 bytes and
+    a checksum: no per-record work is left for it. ``size`` is the encoded length so far,
+    header included; ``base_offset`` is ``UNASSIGNED_OFFSET`` until sealed.
+    """
+
+    __slots__ = ("base_offset", "count", "first_timestamp", "max_timestamp", "parts",
+                 "payload_bytes", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.count = 0
+        self.size = HEADER_SIZE
+        self.payload_bytes = 0
+        self.first_timestamp = self.max_timestamp = NO_TIMESTAMP
+        self.base_offset = UNASSIGNED_OFFSET
+
+    def add(self, topic: bytes, client_id: bytes, properties: bytes, payload: bytes,
+            qos: int, retain: bool, message_id: bytes, timestamp_ms: int,
+            delta: int | None = None) -> int:
+        """Encode one record (``topic`` and ``client_id`` UTF-8 already); return its index.
+
+        ``delta``: its offset delta when not its index (``encode_batch`` of records with
+        offsets of their own). Raises ``ValueError`` for what the format cannot hold, and then
+        the batch is unchanged.
+        """
+        index = self.count
+        if not index:
+            self.first_timestamp = self.max_timestamp = timestamp_ms
+        if not 0 <= qos <= 2:
+            raise ValueError(f"QoS must be 0, 1 or 2, not {qos}")
+        if len(message_id) != MESSAGE_ID_BYTES:
+            raise ValueError("message_id must be exactly 16 bytes")
+        try:
+            prefix = _pack_record_prefix(
+                index if delta is None else delta, timestamp_ms - self.first_timestamp,
+                qos | _RETAIN_FLAG if retain else qos, message_id, len(topic), len(client_id),
+                len(properties), len(payload))
+        except struct.error as exc:
+            if not index:
+                self.first_timestamp = self.max_timestamp = NO_TIMESTAMP
+            raise ValueError(f"record field out of range: {exc}") from None
+        if timestamp_ms > self.max_timestamp:
+            self.max_timestamp = timestamp_ms
+        self.parts += (prefix, topic, client_id, properties, payload)
+        self.count = index + 1
+        self.size += RECORD_PREFIX_SIZE + len(topic) + len(client_id) + len(properties) + len(
+            payload)
+        self.payload_bytes += len(payload)
+        return index
+
+    def add_record(self, record: Record, delta: int | None = None) -> int:
+        """``add`` for a ``Record`` (its offset is not used unless passed as ``delta``)."""
+        return self.add(record.topic.encode("utf-8"), record.client_id.encode("utf-8"),
+                        record.properties, record.payload, record.qos, record.retain,
+                        record.message_id, record.timestamp_ms, delta)
+
+    def seal(self, base_offset: int, last_delta: int | None = None
+             ) -> tuple[bytes, bytes, BatchHeader]:
+        """The batch's header and body (write them one after the other) and its parsed header,
+        with offsets from ``base_offset``; ``ValueError`` for an empty or oversized batch."""
+        count = self.count
+        if not count:
+            raise ValueError("a record batch needs at least one record")
+        if self.size > MAX_BATCH_BYTES:
+            raise ValueError(f"record batch of {self.size} bytes exceeds {MAX_BATCH_BYTES}")
+        last = count - 1 if last_delta is None else last_delta
+        tail = _pack_header_tail(base_offset, last, self.first_timestamp, self.max_timestamp,
+                                 count)
+        body = b"".join(self.parts)
+        crc = zlib.crc32(body, zlib.crc32(tail))
+        self.base_offset = base_offset
+        return (_PREFIX.pack(FORMAT_VERSION, self.size, crc) + tail, body,
+                BatchHeader(self.size, crc, 0, base_offset, last, self.first_timestamp,
+                            self.max_timestamp, count))
+
+
+_pack_record_prefix = RECORD_PREFIX.pack
+
+
 def encode_batch(records: Sequence[Record], base_offset: int | None = None) -> bytes:
     """Encode ``records`` as one batch; append the result to a segment as it is.
 
@@ -159,24 +243,19 @@ def encode_batch(records: Sequence[Record], base_offset: int | None = None) -> b
     if not records:
         raise ValueError("a record batch needs at least one record")
     base = records[0].offset if base_offset is None else base_offset
-    first_ts = records[0].timestamp_ms
-    parts: list[bytes] = []
+    builder = BatchBuilder()
     last_delta = -1
-    max_ts = first_ts
     for i, record in enumerate(records):
         delta = i if base_offset is not None else record.offset - base
         if delta <= last_delta:
             raise ValueError(f"record offsets must strictly increase (at index {i})")
         last_delta = delta
-        max_ts = max(max_ts, record.timestamp_ms)
-        _encode_record(parts, record, delta, record.timestamp_ms - first_ts)
-    tail = _pack_header_tail(base, last_delta, first_ts, max_ts, len(records))
-    body = b"".join(parts)
-    length = HEADER_SIZE + len(body)
-    if length > MAX_BATCH_BYTES:
-        raise ValueError(f"record batch of {length} bytes exceeds {MAX_BATCH_BYTES}")
-    crc = zlib.crc32(body, zlib.crc32(tail))
-    return b"".join((_PREFIX.pack(FORMAT_VERSION, length, crc), tail, body))
+        if not _I32[0] <= record.timestamp_ms - (
+                builder.first_timestamp if i else record.timestamp_ms) <= _I32[1]:
+            raise ValueError("record timestamps in one batch must lie within ~24 days")
+        builder.add_record(record, delta)
+    header, body, _ = builder.seal(base, last_delta)
+    return header + body
 
 
 def _pack_header_tail(base: int, last_delta: int, first_ts: int, max_ts: int, n: int) -> bytes:
@@ -184,26 +263,6 @@ def _pack_header_tail(base: int, last_delta: int, first_ts: int, max_ts: int, n:
         return _HEADER_TAIL.pack(0, base, last_delta, first_ts, max_ts, n)
     except struct.error as exc:
         raise ValueError(f"batch header field out of range: {exc}") from None
-
-
-def _encode_record(parts: list[bytes], record: Record, delta: int, ts_delta: int) -> None:
-    if not 0 <= record.qos <= 2:
-        raise ValueError(f"QoS must be 0, 1 or 2, not {record.qos}")
-    if len(record.message_id) != MESSAGE_ID_BYTES:
-        raise ValueError("message_id must be exactly 16 bytes")
-    if not _I32[0] <= ts_delta <= _I32[1]:
-        raise ValueError("record timestamps in one batch must lie within ~24 days")
-    topic = record.topic.encode("utf-8")
-    client_id = record.client_id.encode("utf-8")
-    flags = record.qos | (_RETAIN_FLAG if record.retain else 0)
-    try:
-        prefix = RECORD_PREFIX.pack(
-            delta, ts_delta, flags, record.message_id, len(topic), len(client_id),
-            len(record.properties), len(record.payload),
-        )
-    except struct.error as exc:
-        raise ValueError(f"record field out of range: {exc}") from None
-    parts += (prefix, topic, client_id, record.properties, record.payload)
 
 
 def split_batches(records: Sequence[Record],

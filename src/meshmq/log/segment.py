@@ -37,7 +37,14 @@ from pathlib import Path
 
 from meshmq.log.backup import cut_file
 from meshmq.log.errors import CorruptBatch, CorruptSegment, IncompleteBatch, LogClosed
-from meshmq.log.files import LOG_SUFFIX, FsyncFunction, mapped, segment_file_name, write_at
+from meshmq.log.files import (
+    LOG_SUFFIX,
+    FsyncFunction,
+    mapped,
+    segment_file_name,
+    write_all_at,
+    write_at,
+)
 from meshmq.log.index import SegmentIndex
 from meshmq.log.record import (
     HEADER_SIZE,
@@ -157,6 +164,30 @@ class LogSegment:
             raise
         self._advance(self._state, position, header)
         return position
+
+    def append_sealed(self, buffers: list[bytes], headers: list[BatchHeader]) -> None:
+        """Append sealed batches (``BatchBuilder.seal``): ``headers`` parsed, ``buffers`` their
+        bytes (header and body of each, in order), in one vectored write.
+
+        The caller built the headers, so they are trusted; the offsets must follow
+        ``next_offset`` and everything must ``fits()``, as for ``append``.
+        """
+        self._check_writable()
+        first, last = headers[0].base_offset, headers[-1].last_offset
+        total = sum(header.batch_length for header in headers)
+        if first < self._state.next_offset:
+            raise ValueError(f"offset {first} < next offset {self.next_offset}")
+        if not self.fits(total, last):
+            raise ValueError("batches do not fit this segment: roll a new one")
+        position = self._state.position
+        try:
+            write_all_at(self._fd, buffers, position)
+        except OSError:
+            self._undo_write(position)
+            raise
+        for header in headers:
+            self._advance(self._state, position, header)
+            position += header.batch_length
 
     def fits(self, batch_length: int, last_offset: int) -> bool:
         """Whether a batch of this size ending at ``last_offset`` may still be appended."""

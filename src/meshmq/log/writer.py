@@ -2,11 +2,21 @@
 
 Theory of operation
 -------------------
-Producers call ``submit(record, done)`` (blocking while the bounded queue is full) or
-``submit_nowait`` (raising ``queue.Full``). The writer thread takes everything waiting (up to
-``max_group_records``), appends it as one batch per partition, applies the fsync policy, and
-then calls each request's ``done`` **on the writer thread** with an ``AppendResult`` or an
-exception. An asyncio caller hops back with ``loop.call_soon_threadsafe(future.set_result, r)``.
+Two ways in. Records one at a time: ``submit(record, done)`` (blocking while the bounded
+queue is full), ``submit_nowait`` (raising ``queue.Full``), ``submit_many_nowait``; each
+``done`` gets an ``AppendResult`` or an exception. Or batches encoded already by the caller
+(``AppendBatch``, a ``BatchBuilder`` with a partition and a policy, one per partition and
+loop turn): ``submit_batches(batches, done)`` calls ``done(batches)`` once for them all, each
+batch with its ``base_offset`` or its ``error``. The writer thread takes everything waiting
+(up to ``max_group_records``), appends it in order with one write per partition, applies the
+fsync policy, and then calls the ``done`` callbacks in the order the work was submitted,
+**on the writer thread**. An asyncio caller queues what it gets and wakes its loop once
+(``on_group_done``, or a flag: broker/persistence.py).
+
+``write_now(batches)`` appends batches that wait for no fsync (``interval`` and ``never``) on
+the calling thread instead: a page-cache write and nothing else, so an event loop completes
+them in the same turn without a round trip through this thread. It never fsyncs: a batch that
+would roll its partition's segment (which fsyncs the sealed one) is left for the thread.
 
 Fsync policies (what a completed request promises):
 
@@ -23,11 +33,12 @@ Fsync policies (what a completed request promises):
 The policy is the writer's default; ``submit(..., policy=...)`` overrides it per record (the
 broker chooses by topic pattern). A group fsyncs the partitions holding ``always`` records
 before completing any of its requests; partitions written only by ``interval`` records join
-the timed set.
+the timed set (so do those ``write_now`` wrote).
 
 After an fsync fails the state of the page cache is unknown, so the writer stops accepting
-work: that group's requests and every later one fail with ``LogError``. Retention runs on this
-thread every ``retention_check_interval_ms``, so every mutation of the log happens here.
+work: that group's requests and every later one fail with ``LogError``. Retention, rolls and
+fsyncs run on this thread (retention every ``retention_check_interval_ms``); the only other
+mutation, ``write_now``'s append, takes the partition's locks like any other.
 
 ``done`` must be quick and must not raise (exceptions are logged and swallowed). A ``done``
 that submits more work must use ``submit_nowait``: blocking the writer thread on its own full
@@ -41,15 +52,16 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.errors import LogClosed, LogError
-from meshmq.log.record import Record
+from meshmq.log.record import BatchBuilder, Record
 
 log = logging.getLogger("meshmq.log")
 
@@ -68,15 +80,113 @@ class AppendResult(NamedTuple):
 DoneCallback = Callable[[AppendResult | BaseException], None]
 
 
+class AppendBatch(BatchBuilder):
+    """Records for one partition, encoded as they come (``BatchBuilder.add``), appended with
+    one fsync ``policy``. After the append: ``base_offset`` (record ``i`` is at
+    ``base_offset + i``), or ``error`` when it failed."""
+
+    __slots__ = ("error", "partition", "policy")
+
+    def __init__(self, partition: int, policy: FsyncPolicy) -> None:
+        super().__init__()
+        self.partition = partition
+        self.policy = policy
+        self.error: BaseException | None = None
+
+
+BatchesDone = Callable[[list[AppendBatch]], None]
+
+
 @dataclass(slots=True)
 class _Request:
     record: Record
     done: DoneCallback
     policy: FsyncPolicy
     outcome: AppendResult | BaseException | None = field(default=None)
+    records: ClassVar[int] = 1
 
 
-_STOP = object()
+@dataclass(slots=True)
+class _Submission:
+    batches: list[AppendBatch]
+    done: BatchesDone
+    records: int
+
+
+class _Signal:
+    """Work that is no work: stop the thread, or wake it to look at its deadlines again."""
+
+    records: ClassVar[int] = 0
+
+
+_STOP = _Signal()
+_WAKE = _Signal()
+_Work = _Request | _Submission | _Signal
+
+
+class _Inbox:
+    """The writer's queue: work in submission order, bounded by the records it holds (a
+    single piece of work larger than the bound is let in when the queue is empty)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # <= 0: no bound
+        self.records = 0  # read without the lock by producers checking for room
+        self._items: deque[_Work] = deque()
+        self._lock = threading.Lock()
+        self._not_empty = threading.Condition(self._lock)
+        self._not_full = threading.Condition(self._lock)
+
+    def _room(self, records: int) -> bool:
+        return self.limit <= 0 or not self.records or self.records + records <= self.limit
+
+    def put(self, item: _Work, block: bool = False, timeout: float | None = None) -> None:
+        """Queue ``item``; ``queue.Full`` if there is no room (after ``timeout`` when
+        blocking). A signal always goes in."""
+        with self._lock:
+            if item.records and not self._room(item.records):
+                if not block:
+                    raise queue.Full
+                if not self._not_full.wait_for(lambda: self._room(item.records), timeout):
+                    raise queue.Full
+            self._items.append(item)
+            self.records += item.records
+            self._not_empty.notify()
+
+    def put_many(self, items: list[_Request]) -> int:
+        """Queue as many of ``items`` as there is room for, in order; return how many."""
+        with self._lock:
+            room = len(items) if self.limit <= 0 else self.limit - self.records
+            count = max(0, min(room, len(items)))
+            self._items.extend(items[:count])
+            self.records += count
+            if count:
+                self._not_empty.notify()
+        return count
+
+    def take(self, limit: int, timeout: float) -> list[_Work] | None:
+        """Wait up to ``timeout`` for work; then everything waiting, up to ``limit`` records
+        (at least one piece). None when nothing came."""
+        with self._lock:
+            items = self._items
+            if not items and not self._not_empty.wait(timeout) and not items:
+                return None
+            taken: list[_Work] = []
+            records = 0
+            while items and (not taken or records + items[0].records <= limit):
+                item = items.popleft()
+                taken.append(item)
+                records += item.records
+            self.records -= records
+            self._not_full.notify_all()
+        return taken
+
+    def take_all(self) -> list[_Work]:
+        with self._lock:
+            taken = list(self._items)
+            self._items.clear()
+            self.records = 0
+            self._not_full.notify_all()
+        return taken
 
 
 # Upper bounds (seconds) of the fsync latency histogram's buckets (the last bucket: above them).
@@ -113,20 +223,31 @@ class LogWriter:
         self.fsync_interval = fsync_interval_ms / 1000
         self.retention_check_interval = retention_check_interval_ms / 1000
         self.max_group_records = max_group_records
-        self._queue: queue.Queue[_Request | object] = queue.Queue(maxsize=queue_size)
+        self._inbox = _Inbox(queue_size)
         self._close_lock = threading.Lock()
         self._closed = False  # no new submissions
         self._finished = False  # the writer thread has stopped taking requests
         self._failure: LogError | None = None
-        self._dirty: set[int] = set()
+        self._dirty: set[int] = set()  # written under ``interval``, not fsynced yet
+        self._dirty_lock = threading.Lock()  # write_now adds to _dirty from another thread
         self._last_fsync = self._last_retention = time.monotonic()
         self._counts = {"appended": 0, "groups": 0, "fsyncs": 0, "appended_bytes": 0}
+        self._now_counts = [0, 0]  # records and payload bytes write_now appended
         self._fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)  # written by the writer thread
         self._fsync_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="meshmq-log-writer", daemon=True)
         self._thread.start()
 
     # -- producer side (any thread) -------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """Records waiting for the writer thread (read without a lock: a snapshot)."""
+        return self._inbox.records
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
 
     def submit(self, record: Record, done: DoneCallback, timeout: float | None = None,
                policy: FsyncPolicy | None = None) -> None:
@@ -146,31 +267,76 @@ class LogWriter:
     def submit_many_nowait(self, requests: Sequence[tuple[Record, DoneCallback,
                                                           FsyncPolicy | None]]) -> int:
         """Queue as many of ``requests`` (record, done, policy) as there is room for, in order,
-        under one lock round trip (a batch from another process: an APPEND frame); return how
-        many were queued. The callbacks of the others never fire. ``LogClosed`` after
-        ``close()``. Uses ``queue.Queue``'s ``mutex``/``queue``/``not_empty``, as
-        ``_take_waiting`` does."""
+        under one lock round trip; return how many were queued. The callbacks of the others
+        never fire. ``LogClosed`` after ``close()``."""
         if self._closed:
             raise LogClosed("the log writer is closed")
-        waiting = self._queue
         default = self.fsync_policy
-        with waiting.mutex:
-            room = len(requests) if waiting.maxsize <= 0 else waiting.maxsize - len(waiting.queue)
-            count = max(0, min(room, len(requests)))
-            put = waiting.queue.append
-            for record, done, policy in requests[:count]:
-                put(_Request(record, done, policy or default))
-            if count:
-                waiting.unfinished_tasks += count
-                waiting.not_empty.notify()
+        count = self._inbox.put_many([_Request(record, done, policy or default)
+                                      for record, done, policy in requests])
         if self._finished:  # raced with close(): see _enqueue
             self._fail_leftovers()
         return count
 
-    def _enqueue(self, request: _Request, block: bool, timeout: float | None) -> None:
+    def submit_batches(self, batches: list[AppendBatch], done: BatchesDone) -> None:
+        """Queue encoded batches (at most one per partition is usual, in any order); once all
+        are appended and as durable as their policies promise, ``done(batches)`` runs on the
+        writer thread, each batch with its ``base_offset`` or its ``error``. Raises
+        ``queue.Full`` (nothing queued) when the records do not fit, ``LogClosed`` after
+        ``close()``."""
+        self._enqueue(_Submission(batches, done, sum(b.count for b in batches)), False, None)
+
+    def write_now(self, batches: Sequence[AppendBatch]) -> list[AppendBatch]:
+        """Append ``batches`` on the calling thread, to the OS page cache: for batches whose
+        policy (``interval``, ``never``) waits for no fsync, from the one thread that submits
+        (the caller keeps them in order with its submissions). Returns those not appended
+        because their partition's segment must roll first, and the later ones of the same
+        partition (so that its offsets keep their order): submit them. A partition whose
+        append fails gets its batch's ``error`` set (every batch's, once an fsync failed).
+        Raises ``LogClosed`` after ``close()``."""
         if self._closed:
             raise LogClosed("the log writer is closed")
-        self._queue.put(request, block, timeout)
+        failure = self._failure
+        left: list[AppendBatch] = []
+        waiting: set[int] = set()  # partitions with a batch left for the writer thread
+        dirty: list[int] = []
+        for batch in batches:
+            if failure is not None:
+                batch.error = failure
+                continue
+            assert batch.policy is not FsyncPolicy.ALWAYS, "always batches wait for an fsync"
+            if batch.partition in waiting:
+                left.append(batch)
+                continue
+            try:
+                if not self.log.append_built(batch.partition, (batch,), roll=False):
+                    left.append(batch)
+                    waiting.add(batch.partition)
+                    continue
+            except Exception as exc:
+                batch.error = exc
+                continue
+            counts = self._now_counts
+            counts[0] += batch.count
+            counts[1] += batch.payload_bytes
+            if batch.policy is FsyncPolicy.INTERVAL:
+                dirty.append(batch.partition)
+        if dirty:
+            self._mark_dirty(dirty)
+        return left
+
+    def _mark_dirty(self, partitions: list[int]) -> None:
+        with self._dirty_lock:
+            wake = not self._dirty
+            self._dirty.update(partitions)
+        if wake:  # the idle writer sleeps until retention is due: the interval starts now
+            self._inbox.put(_WAKE)
+
+    def _enqueue(self, work: _Request | _Submission, block: bool,
+                 timeout: float | None) -> None:
+        if self._closed:
+            raise LogClosed("the log writer is closed")
+        self._inbox.put(work, block, timeout)
         if self._finished:  # raced with close(): the writer may never see this request
             self._fail_leftovers()
 
@@ -184,15 +350,15 @@ class LogWriter:
             if self._closed:
                 return
             self._closed = True
-        self._queue.put(_STOP)
+        self._inbox.put(_STOP)
         self._thread.join(timeout)
 
     def statistics(self) -> WriterStatistics:
-        counts = self._counts
-        return WriterStatistics(self._queue.qsize(), counts["appended"], counts["groups"],
-                                counts["fsyncs"], self._failure is not None,
-                                counts["appended_bytes"], tuple(self._fsync_buckets),
-                                self._fsync_seconds)
+        counts, now_counts = self._counts, self._now_counts
+        return WriterStatistics(self._inbox.records, counts["appended"] + now_counts[0],
+                                counts["groups"], counts["fsyncs"], self._failure is not None,
+                                counts["appended_bytes"] + now_counts[1],
+                                tuple(self._fsync_buckets), self._fsync_seconds)
 
     def __enter__(self) -> LogWriter:
         return self
@@ -206,17 +372,17 @@ class LogWriter:
     def _run(self) -> None:
         stop = False
         while not stop:
-            try:
-                first = self._queue.get(timeout=self._idle_timeout())
-            except queue.Empty:
+            group = self._inbox.take(self.max_group_records, self._idle_timeout())
+            if group is None:
                 self._housekeeping(time.monotonic())
                 continue
-            batch = [first, *self._take_waiting(self.max_group_records - 1)]
-            stop = any(item is _STOP for item in batch)
-            self._process([item for item in batch if isinstance(item, _Request)])
+            stop = any(item is _STOP for item in group)
+            self._process([item for item in group if not isinstance(item, _Signal)])
             self._housekeeping(time.monotonic())
         self._finished = True  # set before the last drain: see _enqueue
         self._fail_leftovers()
+        with self._dirty_lock:
+            self._dirty.clear()
         self._sync(set(self.log.owned))
 
     def _idle_timeout(self) -> float:
@@ -225,62 +391,65 @@ class LogWriter:
             deadline = min(deadline, self._last_fsync + self.fsync_interval)
         return max(deadline - time.monotonic(), 0.0)
 
-    def _take_waiting(self, limit: int) -> list[_Request | object]:
-        """Everything queued (up to ``limit``) under one lock round trip, instead of one
-        ``get_nowait`` per item; uses ``queue.Queue``'s ``mutex``/``queue``/``not_full``."""
-        waiting = self._queue
-        with waiting.mutex:
-            count = min(limit, len(waiting.queue))
-            items = [waiting.queue.popleft() for _ in range(count)]
-            if count:
-                waiting.not_full.notify(count)
-        return items
-
     def _fail_leftovers(self) -> None:
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
+        closed = LogClosed("the log writer is closed")
+        for item in self._inbox.take_all():
             if isinstance(item, _Request):
-                self._notify(item, LogClosed("the log writer is closed"))
+                self._notify(item, closed)
+            elif isinstance(item, _Submission):
+                for batch in item.batches:
+                    batch.error = closed
+                self._notify_batches(item)
 
-    def _process(self, group: list[_Request]) -> None:
+    def _process(self, group: list[_Request | _Submission]) -> None:
         if not group:
             return
         if self._failure is None:
-            self._append(group)
             now_sync: set[int] = set()
             later: set[int] = set()
-            for request in group:
-                outcome = request.outcome
-                if isinstance(outcome, AppendResult):
-                    if request.policy is FsyncPolicy.ALWAYS:
-                        now_sync.add(outcome.partition)
-                    elif request.policy is FsyncPolicy.INTERVAL:
-                        later.add(outcome.partition)
+            start = 0
+            while start < len(group):  # runs of one kind, in order
+                kind = type(group[start])
+                end = start + 1
+                while end < len(group) and type(group[end]) is kind:
+                    end += 1
+                if kind is _Request:
+                    self._append_requests(group[start:end], now_sync, later)  # type: ignore[arg-type]
+                else:
+                    self._append_batches(group[start:end], now_sync, later)  # type: ignore[arg-type]
+                start = end
             if now_sync:
                 self._sync(now_sync, timed=False)
-            self._dirty |= later - now_sync
+            later -= now_sync
+            if later:
+                with self._dirty_lock:
+                    self._dirty |= later
             self._counts["groups"] += 1
         self._complete(group)
 
-    def _complete(self, group: list[_Request]) -> None:
+    def _complete(self, group: list[_Request | _Submission]) -> None:
         failure = self._failure  # set now if this group's fsync failed: nothing is durable
-        for request in group:
-            outcome = request.outcome
+        for item in group:
+            if isinstance(item, _Submission):
+                if failure is not None:
+                    for batch in item.batches:
+                        if batch.error is None:
+                            batch.error = failure
+                self._notify_batches(item)
+                continue
+            outcome = item.outcome
             if failure is not None and not isinstance(outcome, BaseException):
                 outcome = failure
-            self._notify(request, outcome if outcome is not None else LogError("not appended"))
+            self._notify(item, outcome if outcome is not None else LogError("not appended"))
         if self.on_group_done is not None:
             try:
                 self.on_group_done()
             except Exception:
                 log.exception("log writer on_group_done raised")
 
-    def _append(self, group: list[_Request]) -> set[int]:
-        """Append each partition's requests as one call; return the partitions written."""
-        written: set[int] = set()
+    def _append_requests(self, group: list[_Request], now_sync: set[int],
+                         later: set[int]) -> None:
+        """Append each partition's records as one call; note which partitions to fsync."""
         for partition, requests in self._by_partition(group).items():
             try:
                 base, _ = self.log.append_to(partition, [r.record for r in requests])
@@ -288,12 +457,14 @@ class LogWriter:
                 for request in requests:
                     request.outcome = exc
                 continue
-            written.add(partition)
             self._counts["appended"] += len(requests)
             self._counts["appended_bytes"] += sum(len(r.record.payload) for r in requests)
             for n, request in enumerate(requests):
                 request.outcome = AppendResult(partition, base + n)
-        return written
+                if request.policy is FsyncPolicy.ALWAYS:
+                    now_sync.add(partition)
+                elif request.policy is FsyncPolicy.INTERVAL:
+                    later.add(partition)
 
     def _by_partition(self, group: list[_Request]) -> dict[int, list[_Request]]:
         by_partition: dict[int, list[_Request]] = {}
@@ -306,10 +477,36 @@ class LogWriter:
             by_partition.setdefault(partition, []).append(request)
         return by_partition
 
+    def _append_batches(self, group: list[_Submission], now_sync: set[int],
+                        later: set[int]) -> None:
+        """Append every partition's batches of the run with one write each (in order)."""
+        by_partition: dict[int, list[AppendBatch]] = {}
+        for submission in group:
+            for batch in submission.batches:
+                if batch.error is None and batch.count:
+                    by_partition.setdefault(batch.partition, []).append(batch)
+        for partition, batches in by_partition.items():
+            try:
+                self.log.append_built(partition, batches)
+            except Exception as exc:  # this partition only; the others go ahead
+                for batch in batches:
+                    batch.error = exc
+                continue
+            counts = self._counts
+            for batch in batches:
+                counts["appended"] += batch.count
+                counts["appended_bytes"] += batch.payload_bytes
+                if batch.policy is FsyncPolicy.ALWAYS:
+                    now_sync.add(partition)
+                elif batch.policy is FsyncPolicy.INTERVAL:
+                    later.add(partition)
+
     def _housekeeping(self, now: float) -> None:
         interval_due = now - self._last_fsync >= self.fsync_interval
         if self._dirty and interval_due:
-            self._sync(self._dirty)
+            with self._dirty_lock:
+                dirty, self._dirty = self._dirty, set()
+            self._sync(dirty)
         if now - self._last_retention >= self.retention_check_interval:
             self._last_retention = now
             try:
@@ -329,9 +526,8 @@ class LogWriter:
                 self._failure.__cause__ = exc
             self._counts["fsyncs"] += 1
             self._time_fsync(time.monotonic() - started)
-        if timed:
-            self._last_fsync = time.monotonic()
-        self._dirty -= partitions
+        if timed:  # (an fsync for ``always`` leaves the dirty set alone: write_now may
+            self._last_fsync = time.monotonic()  # have written since it started)
 
     def _time_fsync(self, elapsed: float) -> None:
         """Count one fsync in the latency histogram (read by the operations plane)."""
@@ -343,3 +539,10 @@ class LogWriter:
             request.done(outcome)
         except Exception:
             log.exception("log writer completion callback raised")
+
+    def _notify_batches(self, submission: _Submission) -> None:
+        try:
+            submission.done(submission.batches)
+        except Exception:
+            log.exception("log writer completion callback raised")
+

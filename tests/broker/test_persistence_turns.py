@@ -1,0 +1,189 @@
+"""Persistence (broker/persistence.py) in-process, over a real log in tmp_path: a loop turn's
+publishes are encoded into one batch per partition, written at the end of the turn, and
+completed in publish order; with fsync ``always`` a publish is stored only once fsynced."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from meshmq.broker import persistence as persistence_module
+from meshmq.broker.interfaces import AppendOutcome, Refused, Stored
+from meshmq.broker.message import Message
+from meshmq.broker.persistence import Persistence
+from meshmq.config import LogSettings
+from meshmq.log.commit_log import CommitLog
+from meshmq.log.record import read_batch_header
+from meshmq.mqtt.reason_codes import ReasonCode
+
+WAIT = 10.0
+
+
+def publish(topic: str, n: int) -> Message:
+    return Message(topic, b"%d" % n, 1, False, {}, "pub", 0.0)
+
+
+async def run_turns(persistence: Persistence, turns: list[list[str]]
+                    ) -> list[tuple[int, AppendOutcome]]:
+    """Append each turn's publishes in one loop turn (turn after turn, without waiting for
+    completions); return (publish number, outcome) in the order the outcomes came."""
+    loop = asyncio.get_running_loop()
+    outcomes: list[tuple[int, AppendOutcome]] = []
+    total = sum(len(topics) for topics in turns)
+    finished = loop.create_future()
+
+    def done(n: int, outcome: AppendOutcome) -> None:
+        outcomes.append((n, outcome))
+        if len(outcomes) == total:
+            finished.set_result(None)
+
+    n = 0
+    for topics in turns:
+        for topic in topics:
+            assert persistence.append(publish(topic, n), "pub", partial(done, n))
+            n += 1
+        await asyncio.sleep(0)  # the end of the turn runs: this turn goes to the log
+    await asyncio.wait_for(finished, WAIT)
+    return outcomes
+
+
+def test_fsync_always_stores_a_publish_only_once_its_bytes_were_fsynced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: dict[int, int] = {}  # inode -> file size when it was fsynced
+
+    def recording_fsync(fd: int) -> None:
+        size_before = os.fstat(fd)
+        os.fsync(fd)
+        synced[size_before.st_ino] = size_before.st_size
+
+    monkeypatch.setattr(persistence_module, "CommitLog", partial(CommitLog,
+                                                                 fsync=recording_fsync))
+    seen: list[tuple[int, int, int]] = []  # partition, offset, bytes fsynced when stored
+
+    async def main() -> None:
+        persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
+                                  asyncio.get_running_loop())
+        log = persistence.commit_log
+
+        def check(outcome: AppendOutcome) -> None:
+            assert isinstance(outcome, Stored), outcome
+            inode = os.stat(log.partition(outcome.partition).active_segment.log_path).st_ino
+            seen.append((outcome.partition, outcome.offset, synced.get(inode, 0)))
+
+        for turn in range(30):
+            for i in range(20):
+                persistence.append(publish(f"t/{i}", turn * 20 + i), "pub", check)
+            await asyncio.sleep(0)
+        while len(seen) < 600:
+            await asyncio.sleep(0.01)
+        persistence.close()
+
+    asyncio.run(main())
+    # Where each record's batch ends in its partition's one segment file.
+    ends: dict[tuple[int, int], int] = {}
+    for partition in (0, 1):
+        data = (tmp_path / "log" / str(partition)).glob("*.log")
+        [path] = list(data)
+        raw, position = path.read_bytes(), 0
+        while position < len(raw):
+            header = read_batch_header(raw, position)
+            position += header.batch_length
+            for offset in range(header.base_offset, header.last_offset + 1):
+                ends[(partition, offset)] = position
+    assert len(seen) == 600 and len(ends) == 600
+    late = [(p, o, fsynced, ends[(p, o)]) for p, o, fsynced in seen if fsynced < ends[(p, o)]]
+    assert late == []  # every Stored came after an fsync covering its record
+
+
+def test_turns_complete_in_publish_order_and_offsets_follow_it_across_policies(
+        tmp_path: Path) -> None:
+    """One partition, ``cmd/#`` fsynced always and the rest at intervals: a turn mixing both
+    waits for the fsync, and a later turn of interval-only publishes completes after it."""
+    settings = LogSettings(fsync="interval", fsync_interval_ms=600_000,
+                           fsync_rules="cmd/#=always", partitions=1)
+
+    async def main() -> tuple[list[tuple[int, AppendOutcome]], list[bytes]]:
+        persistence = Persistence(settings, str(tmp_path), asyncio.get_running_loop())
+        outcomes = await run_turns(persistence, [
+            ["cmd/a", "tel/a", "cmd/b", "tel/b", "tel/c"],  # mixed
+            ["tel/a", "tel/b"],  # interval only, behind a turn still in the writer
+            ["cmd/a"],
+        ])
+        payloads = [r.payload for r in persistence.read(0, 0, 100)]
+        persistence.close()
+        return outcomes, payloads
+
+    outcomes, payloads = asyncio.run(main())
+    assert [n for n, _ in outcomes] == list(range(8))
+    assert [(o.partition, o.offset) for _, o in outcomes if isinstance(o, Stored)] == [
+        (0, n) for n in range(8)]
+    assert payloads == [b"%d" % n for n in range(8)]
+
+
+def test_turns_that_wait_for_no_fsync_are_written_on_the_loop(tmp_path: Path) -> None:
+    settings = LogSettings(fsync="interval", fsync_interval_ms=600_000, partitions=4)
+
+    async def main() -> tuple[list[tuple[int, AppendOutcome]], int]:
+        persistence = Persistence(settings, str(tmp_path), asyncio.get_running_loop())
+        outcomes = await run_turns(persistence, [[f"t/{i}" for i in range(50)]] * 4)
+        groups = persistence.writer.statistics().groups
+        persistence.close()
+        return outcomes, groups
+
+    outcomes, groups = asyncio.run(main())
+    assert [n for n, _ in outcomes] == list(range(200))
+    assert all(isinstance(o, Stored) for _, o in outcomes)
+    assert len({(o.partition, o.offset) for _, o in outcomes}) == 200  # type: ignore[union-attr]
+    assert groups == 0  # no round trip through the writer thread
+
+
+def test_a_full_queue_refuses_the_publish_at_once(tmp_path: Path) -> None:
+    settings = LogSettings(fsync="always", partitions=1, queue_size=5)
+
+    async def main() -> list[AppendOutcome]:
+        persistence = Persistence(settings, str(tmp_path), asyncio.get_running_loop())
+        outcomes: list[AppendOutcome] = []
+        taken = [persistence.append(publish("t", n), "pub", outcomes.append)
+                 for n in range(7)]
+        assert taken == [True] * 5 + [False] * 2
+        while len(outcomes) < 5:
+            await asyncio.sleep(0.01)
+        persistence.close()
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert [o.offset for o in outcomes if isinstance(o, Stored)] == [0, 1, 2, 3, 4]
+
+
+def test_a_record_the_log_cannot_hold_is_refused_alone(tmp_path: Path) -> None:
+    settings = LogSettings(fsync="always", partitions=1)
+
+    async def main() -> list[tuple[int, AppendOutcome]]:
+        persistence = Persistence(settings, str(tmp_path), asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        outcomes: list[tuple[int, AppendOutcome]] = []
+        finished = loop.create_future()
+
+        def done(n: int, outcome: AppendOutcome) -> None:
+            outcomes.append((n, outcome))
+            if len(outcomes) == 3:
+                finished.set_result(None)
+
+        persistence.append(publish("t", 0), "pub", partial(done, 0))
+        persistence.append(publish("t", 1), "pub", partial(done, 1), message_id=b"short")
+        persistence.append(publish("t", 2), "pub", partial(done, 2))
+        await asyncio.wait_for(finished, WAIT)
+        persistence.close()
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert [n for n, _ in outcomes] == [0, 1, 2]
+    assert isinstance(outcomes[0][1], Stored) and isinstance(outcomes[2][1], Stored)
+    assert (outcomes[0][1].offset, outcomes[2][1].offset) == (0, 1)
+    refused = outcomes[1][1]
+    assert isinstance(refused, Refused)
+    assert refused.reason_code == ReasonCode.UNSPECIFIED_ERROR
