@@ -151,6 +151,9 @@ def toml_value(value: object) -> str:
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, tuple):
         return "[" + ", ".join(json.dumps(item) for item in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{" + ", ".join(f"{json.dumps(name)} = {toml_value(item)}"
+                               for name, item in value.items()) + "}"
     return repr(value)
 
 
