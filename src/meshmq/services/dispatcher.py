@@ -374,8 +374,8 @@ class Dispatcher:
             request.phase = Phase.COMPLETING
             request.reply = Message(
                 request.reply_topic, message.payload, message.qos, False,
-                envelope.reply_properties(message.properties, request.id), message.sender,
-                now)
+                envelope.reply_properties(message.properties, request.id,
+                                          request.correlation), message.sender, now)
             request.completer = (worker, retry)
             self.stats.replies += 1
             self.actions.append(Commit(request))

@@ -175,10 +175,16 @@ def correlation_of(properties: Properties) -> bytes | None:
     return get_property(properties, _CORRELATION)
 
 
-def reply_properties(published: Properties, request: str) -> Properties:
+def reply_properties(published: Properties, request: str,
+                     correlation: bytes | None) -> Properties:
     """A reply as the caller gets it: the service worker's properties (the envelope names
-    removed: only the broker sets them) and ``meshmq-request-id``."""
-    return with_users(published, [(REQUEST_ID, request)], ENVELOPE_NAMES)
+    removed: only the broker sets them), the request's Correlation Data (a reply by request
+    id, from a 3.1.1 worker say, may have none) and ``meshmq-request-id``."""
+    properties = with_users(published, [(REQUEST_ID, request)], ENVELOPE_NAMES)
+    properties.pop(_RESPONSE_TOPIC, None)
+    if correlation is not None:
+        properties[_CORRELATION] = correlation
+    return properties
 
 
 def error_properties(correlation: bytes | None, request: str | None, kind: str) -> Properties:
