@@ -35,6 +35,9 @@ FORBIDDEN = {
     # request/reply sits above the core beside cluster/: neither imports the other (node/ joins
     # them: cluster/servicelinks.py carries the services' frames without naming services/)
     "services": {"node", "pipeline", "cluster"},
+    # the asyncio client runs in applications: it needs the protocol and nothing of the broker
+    "client": {"broker", "cluster", "node", "log", "state", "auth", "pipeline", "config",
+               "services"},
     "pipeline": {"node", "cluster", "services"},
     "config": {"broker", "cluster", "node", "state", "pipeline", "services"},
 }
