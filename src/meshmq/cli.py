@@ -1,4 +1,5 @@
-"""Command line: ``meshmq serve | pub | sub | passwd | log | state | pipeline | config``.
+"""Command line: ``meshmq serve | pub | sub | call | worker | passwd | log | state | pipeline |
+config``.
 
 Exit status 2 means bad usage or bad configuration (one line on stderr); ``serve`` otherwise
 returns what the broker returns.
@@ -18,6 +19,7 @@ from meshmq.auth.cli import add_passwd_command
 from meshmq.clients import add_client_commands
 from meshmq.config import ConfigError, allowed_values, config_reference, load_config
 from meshmq.log.cli import add_log_command
+from meshmq.servicecli import add_service_commands
 from meshmq.state.cli import add_state_command
 
 # serve flag (argparse dest) -> configuration key it overrides
@@ -110,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     add_client_commands(commands)
+    add_service_commands(commands)
     add_passwd_command(commands)
     add_log_command(commands)
     add_state_command(commands)

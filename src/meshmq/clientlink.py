@@ -117,21 +117,24 @@ class ClientLink:
         self.connack.set()
 
     def connect(self, clean: bool = True, expiry: int | None = None,
-                receive_maximum: int | None = None) -> None:
-        """Open the connection (TLS and WebSocket handshakes included) and send CONNECT, or
-        raise ClientError.
+                receive_maximum: int | None = None,
+                user: list[tuple[str, str]] | None = None) -> None:
+        """Open the connection (TLS and WebSocket handshakes included) and send CONNECT (5.0:
+        with these user properties), or raise ClientError.
 
         Packets queued between this and ``start()`` follow CONNECT in that order.
         """
         try:
             if self.v5:
                 props = None
-                if expiry or receive_maximum:
+                if expiry or receive_maximum or user:
                     props = Properties(PacketTypes.CONNECT)
                     if expiry:
                         props.SessionExpiryInterval = expiry
                     if receive_maximum:
                         props.ReceiveMaximum = receive_maximum
+                    if user:
+                        props.UserProperty = user
                 self.client.connect(self.args.host, self.port, clean_start=clean,
                                     properties=props)
             else:

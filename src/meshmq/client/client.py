@@ -210,6 +210,12 @@ class Client:
             self._calls = Calls(self)
         return await self._calls.call(service, payload, timeout, properties)
 
+    async def flush(self) -> None:
+        """Wait until every QoS 1 publish made so far is acknowledged."""
+        waiting = [outgoing.done for outgoing in self._outgoing.values()]
+        if waiting:
+            await asyncio.gather(*waiting, return_exceptions=True)
+
     async def subscribe(self, topic_filter: str, qos: int = 1,
                         properties: Properties | None = None) -> int:
         """Subscribe (again on every connection); the reason code of the first SUBACK."""
