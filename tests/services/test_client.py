@@ -136,7 +136,7 @@ def test_a_reply_lost_with_the_connection_comes_again_for_the_repeat(
             try:
                 call = asyncio.create_task(calling.call("slow", b"job", timeout=20))
                 await asyncio.wait_for(started.wait(), 10)
-                writer = calling._writer  # noqa: SLF001 - the test cuts the connection
+                writer = calling._writer  # the test cuts the connection
                 assert writer is not None
                 writer.transport.abort()
                 while calling.connected:

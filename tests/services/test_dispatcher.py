@@ -319,6 +319,27 @@ def test_recovered_completion_is_routed_when_its_reply_is_resent() -> None:
     assert dispatcher.reply("3-7", (1, "w"), 0, resent, scene.now) is Verdict.LATE
 
 
+@pytest.mark.parametrize(("process", "retry"), [(0, 0), (1, -1)])
+def test_a_recovered_completion_resent_from_another_process_is_routed(
+        process: int, retry: int) -> None:
+    """The service worker reconnected to another process (or, a plain client, does not say
+    its attempt) before resending the reply that completed the request: still that reply."""
+    scene = Scene()
+    request = Request("3-7", 7, "c", "reply/c", b"x", Message("$service/billing", b""),
+                      scene.now)
+    dispatcher = scene.dispatcher
+    dispatcher.arrive(request, scene.now, recovering=True)
+    stored = Message("reply/c", b"ok", 1)
+    dispatcher.recover_completion("3-7", stored, "", ((1, "w"), 0), age=1.0, now=scene.now)
+    dispatcher.recovered(scene.now)
+    scene.run()
+    resent = Message("reply/c", b"ok", 1, False, {PropertyId.CORRELATION_DATA: b"x"}, "w")
+    assert dispatcher.reply("3-7", (1, "other"), 0, resent, scene.now) is Verdict.LATE
+    assert dispatcher.reply("3-7", (process, "w"), retry, resent, scene.now) is Verdict.ROUTED
+    scene.run()
+    assert scene.responded == [stored]
+
+
 def test_a_reply_recognised_by_id_must_match_the_request() -> None:
     scene = Scene()
     scene.offer("w")

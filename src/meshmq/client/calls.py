@@ -6,8 +6,10 @@ for the reply with that Correlation Data. It repeats the same request (same Corr
 if no reply came within ``repeat_every`` seconds, or right after a reconnect (the reply may have
 been lost with the connection): the broker's deduplication window answers a repeat with the
 remembered reply, or joins it to the pending request, so a repeat never runs the service
-twice. An error reply raises ``ServiceError`` with its kind (``timeout``, ``no-responders``,
-``not-authorized``...); no reply at all within ``timeout`` raises ``CallTimeout``.
+twice. A request the broker did not store for a passing reason (``TRANSIENT``: its
+dispatcher's process is restarting, say) is sent again after a short backoff. An error reply
+raises ``ServiceError`` with its kind (``timeout``, ``no-responders``, ``not-authorized``...);
+no reply at all within ``timeout`` raises ``CallTimeout``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ if TYPE_CHECKING:
     from meshmq.client.client import Client
 
 REQUEST_ID = "meshmq-request-id"
+# PUBACK reason codes that mean "not stored, try again": the partition's leader is down (0x80),
+# the broker is busy (0x89) or its log queue is full (0x97).
+TRANSIENT = frozenset({ReasonCode.UNSPECIFIED_ERROR, ReasonCode.SERVER_BUSY,
+                       ReasonCode.QUOTA_EXCEEDED})
 ERROR = "meshmq-error"
 WORKER_ERROR = "error"  # set by meshmq's service worker helper when its handler failed
 
@@ -103,6 +109,7 @@ class Calls:
         self.pending[correlation] = future
         request = {**(properties or {}), PropertyId.RESPONSE_TOPIC: self.reply_topic,
                    PropertyId.CORRELATION_DATA: correlation}
+        backoff = 0.05
         try:
             await asyncio.wait_for(self._subscribe(), timeout)
             while not future.done():
@@ -112,6 +119,10 @@ class Calls:
                 reconnected = self._reconnected
                 code = await asyncio.wait_for(self.client.publish(
                     f"$service/{service}", payload, 1, request), left)
+                if code in TRANSIENT:  # not stored (its dispatcher restarts, say): again
+                    backoff = min(backoff * 2, 1.0)
+                    await asyncio.sleep(min(backoff, max(0.0, deadline - loop.time())))
+                    continue
                 if code >= 0x80:
                     await self._refused(future, code, deadline)
                 waiter = asyncio.ensure_future(reconnected.wait())

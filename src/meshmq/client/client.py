@@ -120,6 +120,7 @@ class Client:
         self._framer = Framer()  # the current connection's
         self._early: list[Packet] = []  # packets that came with the CONNACK
         self._connack = Connack()
+        self.connack = Connack()  # the current connection's (its properties: the broker's)
         self._calls: Calls | None = None
 
     # ------------------------------------------------------------------ life
@@ -318,7 +319,7 @@ class Client:
         return reader, writer
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connack = self._connack
+        connack = self.connack = self._connack
         self._writer = writer
         self.broker = self.brokers[self._current]
         self.connections += 1

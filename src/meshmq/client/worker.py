@@ -3,11 +3,12 @@
 The worker offers the service (SUBSCRIBE ``$service/NAME`` with its ``credit``: the most
 requests it runs at once), runs ``handler(request)`` for each request it gets, concurrently up
 to its credit, and publishes what the handler returns as the reply: on the request's Response
-Topic, with its Correlation Data and its ``meshmq-request-id`` (so that a reply sent again after
-a reconnect is recognised wherever it lands). The client behind it subscribes again on every
-connection and resends an unacknowledged reply (the broker acknowledges a reply once the
-request is complete). A request delivered again while this worker still runs it is not run a
-second time; one that comes back later (``dup``) is: the service's idempotence is its own.
+Topic, with its Correlation Data, its ``meshmq-request-id`` and ``meshmq-retry`` (so that a
+reply sent again after a reconnect is recognised wherever it lands). The client behind it
+subscribes again on every connection and resends an unacknowledged reply (the broker
+acknowledges a reply once the request is complete). A request delivered again while this
+worker still runs it is not run a second time; one that comes back later (``dup``) is: the
+service's idempotence is its own.
 A handler that raises replies with the user property ``error`` (its message), which a meshmq
 caller raises as ``ServiceError("worker-error")``.
 """
@@ -101,7 +102,7 @@ class ServiceWorker:
             remove()
 
     async def _serve(self, request: Request, slots: asyncio.Semaphore) -> None:
-        users = [(REQUEST_ID, request.request_id)]
+        users = [(REQUEST_ID, request.request_id), ("meshmq-retry", str(request.retry))]
         try:
             try:
                 payload = await self.handler(request)

@@ -380,8 +380,8 @@ class Dispatcher:
             self.stats.replies += 1
             self.actions.append(Commit(request))
             return Verdict.ACCEPTED
-        if request.phase is Phase.DONE and not request.routed \
-                and request.completer == (worker, retry):
+        if request.phase is Phase.DONE and not request.routed and _same_reply(
+                request.completer, worker, retry):
             request.routed = True  # the reply that completed it, resent: now routed
             self.actions.append(Respond(request))
             return Verdict.ROUTED
@@ -536,6 +536,16 @@ class Dispatcher:
                 + phases[Phase.COMPLETING], "queued": phases[Phase.QUEUED],
                 "remembered": phases[Phase.DONE], "workers": len(self.offers),
                 "credit": sum(max(0, offer.free) for offer in self.offers.values())}
+
+
+def _same_reply(completer: tuple[WorkerKey, int] | None, worker: WorkerKey, retry: int) -> bool:
+    """Is this reply (from ``worker``'s attempt ``retry``, -1: not known) the one that
+    completed the request? The same client id and attempt; the process may differ (the
+    worker reconnected elsewhere before resending it)."""
+    if completer is None:
+        return False
+    (_, client_id), completed_retry = completer
+    return client_id == worker[1] and retry in (completed_retry, -1)
 
 
 def _load(offer: Offer) -> float:

@@ -188,7 +188,9 @@ class ServicesLayer:
         self.desk = Desk()
         self.dispatchers: dict[str, Dispatcher] = {}
         self.checkpoints = Checkpoints(data_dir)
-        self.expecting = False  # read by the core on every publish: kept up to date here
+        # Read by the core on every publish: true while a reply may come here (a service
+        # worker connected here, or an expectation), kept up to date by ``_watch``.
+        self.expecting = False
         self.ready = False  # recovered: peers' frames are handled (before: kept in order)
         self._early: list[Callable[[], None]] = []
         # accepted replies, answered once their completion is durable
@@ -451,13 +453,13 @@ class ServicesLayer:
             dispatcher.expire(now)
             self._run(dispatcher)
         self.desk.sweep(now)
-        self.expecting = self.desk.expecting
+        self._watch()
         self._arm()
 
     def _checkpoint(self) -> None:
         self._checkpointer = self.loop.call_later(CHECKPOINT_INTERVAL, self._checkpoint)
         self.desk.sweep(self.loop.time())
-        self.expecting = self.desk.expecting
+        self._watch()
         try:
             self._write_checkpoints()
         except OSError as error:  # a full disk: the older checkpoint stays (safe)
@@ -512,6 +514,7 @@ class ServicesLayer:
             capacity = min(capacity, credit)
         offer, _ = self.desk.add(parsed.service, client, capacity, granted, subscription_id,
                                  topic_envelope)
+        self._watch()
         log.debug("service offered client_id=%s service=%s credit=%d", client.client_id,
                   parsed.service, capacity)
         self._announce(offer, capacity)
@@ -525,12 +528,22 @@ class ServicesLayer:
         if offer is None:
             return False
         self.desk.remove(offer)
+        self._watch()
         self._announce(offer, 0)
         return True
 
     def connection_lost(self, client: ClientHandle) -> None:
-        for offer in self.desk.ended(client):
+        ended = self.desk.ended(client)
+        if ended:
+            self._watch()
+        for offer in ended:
             self._announce(offer, 0)
+
+    def _watch(self) -> None:
+        """Publishes here are offered to ``reply`` while a service worker is connected here
+        (its reply may come after it reconnected: recognised by its request id) or a reply
+        is expected; otherwise the core pays one attribute test per publish."""
+        self.expecting = bool(self.desk.offers) or self.desk.expecting
 
     def _announce(self, offer: LocalOffer, capacity: int) -> None:
         """Tell ``offer``'s dispatcher (capacity 0: withdrawn). A dispatcher not linked now
@@ -569,7 +582,7 @@ class ServicesLayer:
                 message.payload, 1, False, None, message.sender, now)
         offer.holding[request_id] = retry
         self.desk.expect(expectation, now)
-        self.expecting = True
+        self._watch()
         ids = None if offer.subscription_id is None else [offer.subscription_id]
         session.deliver(message, offer.qos, False, ids, now)
 
@@ -635,7 +648,7 @@ class ServicesLayer:
             return
         if pending.expectation is not None:
             self.desk.answered(pending.expectation)
-            self.expecting = self.desk.expecting
+            self._watch()
         client, packet = pending.client, pending.packet
         publishes = self.host.publishes
         if verdict in (Verdict.ACCEPTED.value, Verdict.ROUTED.value):
