@@ -1,5 +1,5 @@
-"""Command line: ``meshmq serve | pub | sub | call | worker | passwd | log | state | pipeline |
-config``.
+"""Command line: ``meshmq serve | pub | sub | call | worker | passwd | log | state | cluster |
+pipeline | config``.
 
 Exit status 2 means bad usage or bad configuration (one line on stderr); ``serve`` otherwise
 returns what the broker returns.
@@ -19,6 +19,7 @@ from meshmq.auth.cli import add_passwd_command
 from meshmq.clients import add_client_commands
 from meshmq.config import ConfigError, allowed_values, config_reference, load_config
 from meshmq.log.cli import add_log_command
+from meshmq.node.clustercli import add_cluster_command
 from meshmq.servicecli import add_service_commands
 from meshmq.state.cli import add_state_command
 
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_passwd_command(commands)
     add_log_command(commands)
     add_state_command(commands)
+    add_cluster_command(commands)
     commands.add_parser("pipeline", help="run a Spark job over the commit log "
                         "(meshmq pipeline --help)")  # parsed by meshmq.pipeline.cli
 

@@ -205,6 +205,7 @@ class ClusterConfig:
     advertise: str = ""
     seeds: tuple[str, ...] = ()
     secret_file: str = ""
+    metadata: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -450,6 +451,10 @@ def _cluster_keys() -> dict[str, _Key]:
             str, None, "file holding the shared secret every node of the cluster proves it"
             " knows before any other frame; required when cluster.listen is not a loopback"
             " address"),
+        "cluster.metadata": _Key(
+            bool, None, "run this node's metadata voter (Raft, on the cluster port + 1; not"
+            " yet used by partitions): the voters are this node and its seeds, which must"
+            " then name every other node; needs cluster.secret_file"),
     }
 
 
@@ -482,6 +487,9 @@ def _check_cluster(config: BrokerConfig) -> None:
     if not cluster.secret_file and not _is_loopback_host(host):
         raise ConfigError(f"cluster.secret_file: required when cluster.listen ({cluster.listen})"
                           " is not a loopback address: peers must prove they belong")
+    if cluster.metadata and not cluster.secret_file:
+        raise ConfigError("cluster.secret_file: required when cluster.metadata is true (the"
+                          " Raft messages are authenticated with it)")
     advertised = cluster.advertised
     if cluster.seeds and advertised in cluster.seeds and len(cluster.seeds) == 1 and port:
         raise ConfigError("cluster.seeds: lists only this node's own address; name another"

@@ -407,9 +407,9 @@ body = struct.pack(">HHH", 1 - index if index < 2 else 0, 2, len(text)) + text +
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.settimeout(10)
 sock.connect(f"\0meshmq-{token}-{index}")
-sock.sendall(struct.pack(">IB", len(body) + 1, 1) + body)  # a valid HELLO, with the token
 got = b""
-try:
+try:  # the worker may close before our HELLO is even written: a broken pipe is a refusal too
+    sock.sendall(struct.pack(">IB", len(body) + 1, 1) + body)  # a valid HELLO, with the token
     while chunk := sock.recv(65536):
         got += chunk
 except (TimeoutError, ConnectionError):

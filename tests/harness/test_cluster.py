@@ -8,16 +8,25 @@ supervisor picks it and the port file says which (``cluster=PORT``).
 
 from __future__ import annotations
 
+import json
+import os
 import queue
+import random
 import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from nodes import Node, Nodes
+from paho.mqtt.packettypes import PacketTypes
 
-from conftest import Client, wait_for
+from conftest import Client, props, wait_for
 
 SECRET = "correct horse battery staple\n"
 
@@ -156,3 +165,247 @@ def test_a_data_directory_of_another_node_is_refused(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="holds the data of node 'n1'"):
         node.start()
     assert node.proc is not None and node.proc.wait() == 2
+
+
+ADMIN_KEY = "cluster-admin-key"
+
+
+def test_cluster_status_shows_every_node_linked_and_a_dead_one_down(
+        tmp_path: Path) -> None:
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+    with start_cluster(tmp_path, 3, workers=2, extra=admin) as nodes:
+        url = f"http://127.0.0.1:{nodes[0].ports['admin']}"
+        command = [sys.executable, "-m", "meshmq", "cluster", "status", "--admin", url,
+                   "--api-key", ADMIN_KEY]
+        shown = subprocess.run([*command, "--json"], capture_output=True, text=True,
+                               timeout=30, check=True)
+        state = json.loads(shown.stdout)
+        assert state["node_id"] == "n1" and state["cluster_id"]
+        assert [(n["node_id"], n["linked"]) for n in state["nodes"]] == [("n2", 2), ("n3", 2)]
+        nodes[2].kill()
+
+        def status() -> str:
+            return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+
+        text = wait_for(lambda: (lambda t: t if re.search(r"^n3 .* down$", t, re.M) else "")(
+            status()), timeout=30, what="n3 shown down")
+        assert re.search(r"^n2\s+127\.0\.0\.1:\d+\s+2/2\s+linked$", text, re.M), text
+        assert re.search(r"^n3\s+127\.0\.0\.1:\d+\s+0/2\s+down$", text, re.M), text
+
+
+def free_runs(count: int, length: int) -> list[int]:
+    """The first ports of ``count`` runs of ``length`` consecutive ports, each port free now
+    (bound, then released): ``cluster dev`` gives node i the base port + i, so a run of
+    separately chosen ports could collide with another test's listener on the next one."""
+    starts: list[int] = []
+    while len(starts) < count:
+        first = random.randrange(20000, 32000)  # below the kernel's ephemeral range
+        if any(abs(first - other) < length for other in starts):
+            continue
+        sockets = [socket.socket() for _ in range(length)]
+        try:
+            for offset, sock in enumerate(sockets):
+                sock.bind(("127.0.0.1", first + offset))
+        except OSError:
+            continue
+        else:
+            starts.append(first)
+        finally:
+            for sock in sockets:
+                sock.close()
+    return starts
+
+
+def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    mqtt_port, cluster_port = free_runs(2, 2)
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "meshmq", "cluster", "dev", "--nodes", "2", "--dir",
+         str(tmp_path / "dev"), "--port", str(mqtt_port), "--cluster-port", str(cluster_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        logs = [tmp_path / "dev" / name / "node.log" for name in ("n1", "n2")]
+        wait_for(lambda: all(log.exists() and "linked node=" in log.read_text()
+                             for log in logs), timeout=30, what="the two nodes to link")
+        subscriber = client_factory("dev-sub")
+        subscriber.connect(mqtt_port + 1)
+        subscriber.subscribe("dev/#", qos=1)
+        publisher = client_factory("dev-pub")
+        publisher.connect(mqtt_port)
+        publisher.publish("dev/hello", "from n1", qos=1)
+        assert subscriber.expect().payload == b"from n1"
+    finally:
+        dev.send_signal(signal.SIGINT)
+        output, _ = dev.communicate(timeout=60)
+    assert dev.returncode == 0, output
+    assert "2 nodes on 127.0.0.1" in output
+
+
+LONG = os.environ.get("MESHMQ_FAULTS") == "1"
+
+
+@pytest.mark.faults
+@pytest.mark.skipif(not LONG, reason="the long fault suite runs with MESHMQ_FAULTS=1 "
+                    "(docs/testing.md)")
+def test_a_node_cut_off_is_suspected_declared_dead_and_relinked_after_the_heal(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """The links the others dial to n2 go through a proxy (n2 advertises it); a blackhole
+    stalls them without closing anything, as a network partition does. Heartbeats make n1
+    suspect n2, then close the link as dead; after the heal it links again and routes to n2;
+    n3 is served throughout."""
+    from proxy import Proxy
+
+    nodes = Nodes([])
+    try:
+        n1 = Node("n1", tmp_path / "n1", cluster_config(tmp_path, "n1", []))
+        nodes.members.append(n1)
+        n1.start()
+        seed = f"127.0.0.1:{n1.ports['cluster']}"
+        holder: dict[str, Node] = {}
+        proxy = Proxy(lambda: ("127.0.0.1", holder["n2"].ports["cluster"])).start()
+        host, port = proxy.address()
+        n2 = Node("n2", tmp_path / "n2", cluster_config(
+            tmp_path, "n2", [seed], extra=f'advertise = "{host}:{port}"\n'))
+        holder["n2"] = n2
+        nodes.members.append(n2)
+        n2.start()
+        n3 = Node("n3", tmp_path / "n3", cluster_config(tmp_path, "n3", [seed]))
+        nodes.members.append(n3)
+        n3.start()
+        for node in nodes:
+            wait_for(lambda node=node: linked(node) >= 2, what=f"{node.name} to link")
+        on_n2 = connect(client_factory, n2, "on-n2")
+        on_n2.subscribe("t", qos=1)
+        on_n3 = connect(client_factory, n3, "on-n3")
+        on_n3.subscribe("t", qos=1)
+        publisher = connect(client_factory, n1, "pub")
+        publisher.publish("t", "before", qos=1)
+        assert on_n2.expect().payload == b"before" and on_n3.expect().payload == b"before"
+        proxy.blackhole()
+        wait_for(lambda: "node suspected node=n2" in n1.log(), timeout=30,
+                 what="n1 to suspect n2")
+        wait_for(lambda: "node n2 silent" in n1.log(), timeout=30, what="n1 to drop n2")
+        publisher.publish("t", "during", qos=1)
+        assert on_n3.expect().payload == b"during"  # the others go on
+        proxy.heal()
+        wait_for(lambda: re.search(r"linked node=n2 .*\n(?!.*link to node lost node=n2)",
+                                   n1.log().rsplit("node n2 silent", 1)[1]), timeout=30,
+                 what="n1's new link to n2")
+        publisher.publish("t", "after", qos=1)
+        assert on_n2.expect().payload == b"after"  # routed to n2 again
+        proxy.close()
+    finally:
+        nodes.stop_all()
+
+
+def free_port_pairs(count: int) -> list[int]:
+    """``count`` ports P free now with P + 1 free too (a node's cluster port and its metadata
+    voter's, the cluster port + 1), drawn below the kernel's ephemeral range (32768 and up
+    here), where the connections of other tests running meanwhile do not take them."""
+    found: list[int] = []
+    while len(found) < count:
+        port = random.randrange(20000, 32000)
+        if any(abs(port - other) < 2 for other in found):
+            continue
+        probes = [socket.socket() for _ in range(2)]
+        try:
+            for offset, probe in enumerate(probes):
+                probe.bind(("127.0.0.1", port + offset))
+            found.append(port)
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    return found
+
+
+def test_the_metadata_agrees_on_members_a_controller_and_the_partitions(
+        tmp_path: Path) -> None:
+    """Three nodes whose seeds name each other run a metadata voter each (cluster.metadata):
+    every node registers, the Raft leader's node becomes the controller and assigns every
+    partition once; kill -9 of the controller's node: another takes over with a new epoch
+    and moves nothing, and the dead node's partitions are reported offline."""
+    ports = free_port_pairs(3)
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+    nodes = Nodes([])
+    try:
+        for index, port in enumerate(ports):
+            name = f"n{index + 1}"
+            seeds = [f"127.0.0.1:{other}" for other in ports if other != port]
+            text = cluster_config(tmp_path, name, seeds, extra="metadata = true\n" + admin)
+            text = text.replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"', 1)
+            node = Node(name, tmp_path / name, text, workers=2)
+            nodes.members.append(node)
+            node.start()
+
+        def metadata(node: Node) -> dict:
+            url = f"http://127.0.0.1:{node.ports['admin']}/api/v1/cluster"
+            request = urllib.request.Request(url, headers={"Authorization":
+                                                            f"Bearer {ADMIN_KEY}"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return json.load(answer).get("metadata") or {}
+
+        def settled(node: Node) -> dict:
+            found = metadata(node)
+            done = len(found.get("members", {})) == 3 and len(found.get("partitions", {})) == 8
+            return found if done else {}
+
+        state = wait_for(lambda: settled(nodes[1]), timeout=60, what="the metadata to settle")
+        assert sorted(state["members"]) == ["n1", "n2", "n3"]
+        leaders = sorted(a["leader"] for a in state["partitions"].values())
+        assert leaders == ["n1"] * 3 + ["n2"] * 3 + ["n3"] * 2
+        assert all(a["leader_epoch"] == 1 for a in state["partitions"].values())
+        first = state["controller"]
+        victim = nodes[int(first["node"][1:]) - 1]
+        survivor = next(node for node in nodes if node is not victim)
+        victim.kill()
+
+        def new_controller() -> dict:
+            found = metadata(survivor)
+            controller = found.get("controller") or {}
+            return found if controller.get("epoch", 0) > first["epoch"] else {}
+
+        after = wait_for(new_controller, timeout=60, what="another node to take control")
+        assert after["controller"]["node"] != first["node"]
+        assert after["partitions"] == state["partitions"]  # nothing moved
+        shown = subprocess.run(
+            [sys.executable, "-m", "meshmq", "cluster", "status", "--admin",
+             f"http://127.0.0.1:{survivor.ports['admin']}", "--api-key", ADMIN_KEY],
+            capture_output=True, text=True, timeout=30).stdout
+        offline = re.findall(rf"^(\d+)\s+{victim.name}\s+\d+\s+1\s+offline", shown, re.M)
+        assert len(offline) == sum(1 for a in state["partitions"].values()
+                                   if a["leader"] == victim.name), shown
+    finally:
+        nodes.stop_all()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_persistent_session_gets_its_own_nodes_messages_after_other_nodes_ones(
+        tmp_path: Path, client_factory: Callable[..., Client], workers: int) -> None:
+    """Each node keeps its own log: a message that crossed from another node is not at a
+    place in this node's log, so it must not move a session's place in it. A subscriber on
+    n2 that got 40 of n1's messages, then went offline while n2 took 3 on the same topic,
+    gets those 3 when it comes back, and the 3 n1 took meanwhile."""
+    with start_cluster(tmp_path, 2, workers=workers) as nodes:
+        session = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+        subscriber = client_factory("keeper")
+        subscriber.connect(nodes[1].port, clean_start=True, properties=session)
+        subscriber.subscribe("plant/line", qos=1)
+        far = connect(client_factory, nodes[0], "far")
+        for n in range(40):
+            far.publish("plant/line", f"far-{n}", qos=1)
+        assert [subscriber.expect().payload for _ in range(40)] == [
+            f"far-{n}".encode() for n in range(40)]
+        subscriber.disconnect()
+        near = connect(client_factory, nodes[1], "near")
+        for n in range(3):
+            near.publish("plant/line", f"near-{n}", qos=1)
+            far.publish("plant/line", f"far-{40 + n}", qos=1)
+        back = client_factory("keeper")
+        back.connect(nodes[1].port, clean_start=False, properties=session)
+        got = [back.expect().payload for _ in range(6)]
+        assert sorted(got) == sorted([f"near-{n}".encode() for n in range(3)]
+                                     + [f"far-{40 + n}".encode() for n in range(3)])
+        assert [p for p in got if p.startswith(b"near")] == [b"near-0", b"near-1", b"near-2"]
+        assert [p for p in got if p.startswith(b"far")] == [b"far-40", b"far-41", b"far-42"]

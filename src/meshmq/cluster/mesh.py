@@ -177,6 +177,9 @@ class Mesh:
         self.worker = worker
         self.io = io
         self.encode = encode
+        # a FORWARD to another node: the body without its place in this node's log, which
+        # the other node's log does not share (set by the node's wiring; tests leave it)
+        self.encode_for_node: EncodeMessage = encode
         self.highs = highs  # the high watermarks of the partitions this worker leads
         self.routes = RouteTable()
         self.requests: Requests[Any] = Requests()
@@ -568,13 +571,20 @@ class Mesh:
             self.local_groups = targets.pop(self.local_for, None)
         if not targets:
             return here, 0
-        body = self.encode(message, now)
+        body = node_body = None
         before = self.before_ordered
         for peer, groups in targets.items():
             link = self.routable[peer]
             if before is not None:
                 before(peer)  # answers to appends routed earlier keep their place
-            self._forward(link, forward_frame(groups, body))
+            if link.remote is None:
+                if body is None:
+                    body = self.encode(message, now)
+                self._forward(link, forward_frame(groups, body))
+                continue
+            if node_body is None:
+                node_body = self.encode_for_node(message, now)
+            self._forward(link, forward_frame(groups, node_body))
         self.counters["forwarded"] += len(targets)
         return here, len(targets)
 

@@ -21,7 +21,10 @@ one member's worker for each shared group the sender chose the node for), never 
 Handshake (cluster/nodelink.py): ``LINK_HELLO`` both ways, then ``LINK_AUTH`` (the HMAC proof
 of the cluster secret over both nonces); nothing else before, frames capped, a deadline. Then
 the accepting side sends the node's routes and ``MEMBERS`` (the nodes it knows, so that a node
-that joined through one seed dials the rest).
+that joined through one seed dials the rest). A worker that learns of a node it did not know
+(from ``MEMBERS`` or from that node dialing it) passes the news to its own node's workers and
+to the workers of other nodes that dialed it, so every worker of every node ends up dialing
+every node, whichever worker the kernel gave each link to.
 
 Liveness. A socket close is not enough between hosts (a stopped or cut-off node closes
 nothing), so every link carries a ``PING`` when it has been quiet for ``HEARTBEAT``; a link that
@@ -47,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 from meshmq.cluster.codec import (
     MAX_FRAME,
     Barrier,
+    BarrierDone,
+    Forward,
     FrameType,
     LinkAuth,
     LinkError,
@@ -130,6 +135,7 @@ class NodeLinks:
 
     def __post_init__(self) -> None:
         self.mesh.node_links = self
+        self.mesh.handle(FrameType.MEMBERS, lambda peer, frame: self._members(frame.members))
 
     # ------------------------------------------------------------------ links
 
@@ -180,7 +186,6 @@ class NodeLinks:
             return
         if frame_type == FrameType.FORWARD:
             if mesh.on_forward is not None:
-                from meshmq.cluster.codec import Forward
                 mesh.on_forward(peer, Forward.decode(body))
             return
         frame = decode_frame(frame_type, body)
@@ -193,8 +198,9 @@ class NodeLinks:
         elif frame_type == FrameType.BARRIER:
             assert isinstance(frame, Barrier)
             mesh.answer_barrier(peer, frame)
-        else:  # an answer
-            mesh.requests.answer(link.ident, frame.request_id, frame)  # type: ignore[union-attr]
+        else:  # BARRIER_DONE, the one answer a link between nodes carries today
+            assert isinstance(frame, BarrierDone)
+            mesh.requests.answer(link.ident, frame.request_id, frame)
 
     def _handshake(self, link: _Link, state: RemoteState, frame_type: int, body: bytes) -> None:
         if state.hello is None:
@@ -227,8 +233,13 @@ class NodeLinks:
                      hello.node_id)
             if self.on_cluster_id is not None:
                 self.on_cluster_id(state.cluster_id)
-        known = self.nodes.setdefault(hello.node_id, NodePeer(hello.node_id, hello.address))
-        if hello.address:
+        known = self.nodes.get(hello.node_id)
+        if known is None:
+            known = self.nodes[hello.node_id] = NodePeer(hello.node_id, hello.address)
+            if hello.address:
+                self._new_members([(hello.node_id, hello.address)],
+                                  dial=state.side is Side.ACCEPTED)
+        elif hello.address:
             known.address = hello.address
         if state.side is Side.DIALED:
             peer = self._peer_ids.get(hello.node_id)
@@ -242,8 +253,8 @@ class NodeLinks:
             mesh.remote[peer] = link
             mesh.routable[peer] = link
             known.link = link
-            log.info("linked node=%s address=%s worker=%d", hello.node_id, hello.address,
-                     hello.worker)
+            log.info("linked node=%s address=%s their_worker=%d", hello.node_id,
+                     hello.address, hello.worker)
             for listener in self.on_node_up:
                 listener(peer, hello.node_id)
         else:
@@ -272,8 +283,19 @@ class NodeLinks:
             if known is None:
                 self.nodes[node_id] = NodePeer(node_id, address)
                 new.append((node_id, address))
-        if new and self.on_members is not None:
+        if new:
+            self._new_members(new)
+
+    def _new_members(self, new: list[tuple[str, str]], dial: bool = True) -> None:
+        """Nodes this worker did not know: dial them, and tell the workers of other nodes
+        that dialed this one (a node that joined through one of this node's workers is then
+        known to every worker of every node)."""
+        if dial and self.on_members is not None:
             self.on_members(new)
+        frame = Members(self.members()).encode()
+        for peer in self.accepted_peers():
+            self.mesh.queue(self.mesh.remote[peer], frame)
+        self.mesh.broadcast(frame)  # this node's other workers (the kernel chose who accepts)
 
     def linked_nodes(self) -> dict[int, str]:
         """The nodes this worker routes to now: peer id -> node id."""

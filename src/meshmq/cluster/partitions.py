@@ -156,7 +156,7 @@ class PartitionedLog(LogAccess):
         self._deadlines: deque[tuple[float, int]] = deque()
         self._deadline_timer: Timer | None = None
         self._answers: dict[int, list[AppendAnswer]] = {}  # this turn's answers, per peer
-        self._stored: OrderedDict[bytes, _Stored] = OrderedDict()  # by message id, newest last
+        self._stored: dict[bytes, _Stored] = {}  # by message id, oldest first
         # appends whose answer did not come in time, should it come late (by request id)
         self._late: OrderedDict[int, _Pending] = OrderedDict()
         self._delivered_late: OrderedDict[bytes, None] = OrderedDict()  # their message ids
@@ -186,7 +186,8 @@ class PartitionedLog(LogAccess):
                     return True
             return self.local.append(message, client_id, done, message_id)
         mesh = self.mesh
-        if leader not in mesh.peers:
+        link = mesh.peers.get(leader)
+        if link is None:
             why = f"partition {partition} is offline: its leader, worker {leader}, is down"
             if message_id is not None:  # a resend of one its leader may have stored: unknown
                 self.counters["appends_unknown"] += 1
@@ -208,7 +209,7 @@ class PartitionedLog(LogAccess):
                                               self.encode(message))))
         mesh.wake()
         self.counters["appends_forwarded"] += 1
-        if mesh.congested(leader) and mesh.on_congested is not None:
+        if link.congested and mesh.on_congested is not None:
             mesh.on_congested(leader)  # the publisher waits until the leader's link drains
         return True
 
@@ -455,7 +456,7 @@ class PartitionedLog(LogAccess):
         stored = self._stored
         stored[message_id] = new_named(_Stored, (partition, offset, receivers, peer))
         if len(stored) > RECOGNISED_MAX:
-            stored.popitem(last=False)
+            del stored[next(iter(stored))]
 
     def _durable(self, peer: int, link: int, request_id: int, message_id: bytes,
                  message: Message) -> Completion:

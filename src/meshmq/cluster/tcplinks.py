@@ -92,7 +92,7 @@ class NodeSockets:
         for node_id, address in members:
             if address not in self.addresses:
                 self.addresses[address] = node_id
-                self._dial(address)
+            self._dial(address)
 
     def _linked_to(self, address: str) -> bool:
         node_id = self.addresses.get(address)

@@ -29,6 +29,9 @@ from meshmq.cluster.admin import MeshAdmin
 from meshmq.cluster.directory import Directory
 from meshmq.cluster.leaders import Leadership
 from meshmq.cluster.mesh import Mesh
+from meshmq.cluster.metaclient import MetaClient
+from meshmq.cluster.metadata import MetadataError
+from meshmq.cluster.metaproc import socket_name_for
 from meshmq.cluster.nodelink import NodeIdentity
 from meshmq.cluster.nodes import NodeLinks
 from meshmq.cluster.partitions import PartitionedLog
@@ -90,6 +93,10 @@ class WorkerCluster:
         self.sockets = MeshSockets(loop, worker)
         self.log: PartitionedLog | None = None
         self.mesh = mesh = Mesh(worker, self.sockets, encode_message, self._highs)
+        # each node keeps its own log: a message crossing to another node is not at a place
+        # in that node's log, so it goes without one (there it is a copy, like a message
+        # that is not persisted: an offline session keeps it in its queue)
+        mesh.encode_for_node = partial(encode_message, positioned=False)
         lifecycle = broker.lifecycle
         if config.log.enabled:
             self.log = PartitionedLog(config.log, config.server.data_dir, loop, self.leadership,
@@ -103,6 +110,9 @@ class WorkerCluster:
         join_router(mesh, broker.router, decode_message, self._forwarded_position)
         self.nodes: NodeLinks | None = None
         self.node_sockets: NodeSockets | None = None
+        self.metadata: MetaClient | None = None  # the node's metadata voter (cluster.metadata)
+        if identity is not None and config.cluster.metadata:
+            self.metadata = MetaClient(socket_name_for(worker.token))
         if identity is not None:  # a node of a cluster: links to the other nodes too
             self.nodes = NodeLinks(mesh, identity, on_cluster_id=on_cluster_id)
             self.node_sockets = NodeSockets(loop, self.sockets, self.nodes,
@@ -134,6 +144,16 @@ class WorkerCluster:
         await self.sockets.start(self.mesh)
         if self.node_sockets is not None:
             await self.node_sockets.start()
+        if self.metadata is not None:  # connects (and reconnects) on its own: no wait here
+            self.broker.loop.create_task(self._follow_metadata(self.metadata))
+
+    async def _follow_metadata(self, client: MetaClient) -> None:
+        try:
+            await client.connect(timeout=30.0)
+        except MetadataError as error:
+            log.warning("metadata voter not reachable yet: %s", error)
+            return
+        client.watch(lambda change: None)  # keeps the client's mirror of the metadata
 
     def started(self) -> None:
         """The broker restored its state: register its sessions with their owners and hand
@@ -142,6 +162,8 @@ class WorkerCluster:
         self.retained.migrate()
 
     def close(self) -> None:
+        if self.metadata is not None:
+            self.broker.loop.create_task(self.metadata.close())
         if self.node_sockets is not None:
             self.node_sockets.close()
         self.sockets.close()

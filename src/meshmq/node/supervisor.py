@@ -38,6 +38,7 @@ more than 10 crashes in 60 s stop the node with exit status 1.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import dataclasses
 import logging
@@ -51,6 +52,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from meshmq.auth.acl import read_acl_file
 from meshmq.auth.passwords import read_password_file
@@ -74,6 +76,8 @@ from meshmq.node.startup import (
 )
 
 log = logging.getLogger("meshmq.supervisor")
+
+METADATA = -1  # the metadata voter's slot among the supervisor's children
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 START_FAILURE_GRACE = 10.0  # seconds the other workers get to stop when one fails to start
@@ -322,6 +326,9 @@ class Supervisor:
         self.log_lock = log_lock  # the commit log's node-wide lock, held while workers run
         token = secrets.token_hex(8)
         self.workers = [Worker(WorkerSpec(index, count, token)) for index in range(count)]
+        # the node's metadata voter (cluster/metaproc.py), supervised as a worker is
+        self.metadata = Worker(WorkerSpec(METADATA, count, token)) if (
+            config.cluster.enabled and config.cluster.metadata) else None
         self.crashes = CrashHistory()
         self.pid = os.getpid()
         self.started = False  # every worker was ready once (the port file is written)
@@ -334,6 +341,8 @@ class Supervisor:
         previous = {signum: signal.signal(signum, _note_signal) for signum in FORWARDED}
         old_wakeup = signal.set_wakeup_fd(self.wakeup_write)
         try:
+            if self.metadata is not None:  # first: the workers connect to it
+                self.spawn(self.metadata)
             for worker in self.workers:
                 self.spawn(worker)
             failed = self.wait_started()
@@ -375,6 +384,11 @@ class Supervisor:
             for signum in FORWARDED:
                 signal.signal(signum, signal.SIG_DFL)
             self.drop_inherited()
+            if spec.index == METADATA:
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nothing to reload
+                _ready_writer(ready_fd)()  # workers reconnect until it serves
+                code = run_metadata(self.config, spec.token, spec.count)
+                return
             set_worker(spec.index)
             code = run_worker(self.config, spec, _ready_writer(ready_fd), self.reloader)
         except BaseException:
@@ -392,15 +406,21 @@ class Supervisor:
             os.close(self.log_lock)  # the supervisor's copy keeps the lock
         for fd in (self.wakeup_read, self.wakeup_write):
             os.close(fd)
-        for worker in self.workers:
+        for worker in self.children():
             if worker.ready_fd is not None:
                 os.close(worker.ready_fd)
 
+    def children(self) -> list[Worker]:
+        """The workers, and the metadata voter if this node runs one."""
+        return self.workers if self.metadata is None else [*self.workers, self.metadata]
+
     def live(self) -> list[Worker]:
-        return [worker for worker in self.workers if worker.pid is not None]
+        return [worker for worker in self.children() if worker.pid is not None]
 
     def signal_workers(self, signum: int, ready_only: bool = False) -> None:
         for worker in self.live():
+            if worker.spec.index == METADATA and signum == signal.SIGHUP:
+                continue
             if worker.pid is not None and (worker.ready or not ready_only):
                 os.kill(worker.pid, signum)
 
@@ -409,10 +429,10 @@ class Supervisor:
     def wait(self, timeout: float) -> tuple[list[int], list[Exited]]:
         """Wait up to ``timeout`` s for a signal, a ready byte or a child's exit; return the
         signals received and the workers that exited with their ``waitpid`` status."""
-        watched = [w.ready_fd for w in self.workers if w.ready_fd is not None]
+        watched = [w.ready_fd for w in self.children() if w.ready_fd is not None]
         readable, _, _ = select.select([self.wakeup_read, *watched], [], [], max(timeout, 0.0))
         signals = self.read_signals() if self.wakeup_read in readable else []
-        for worker in self.workers:
+        for worker in self.children():
             if worker.ready_fd is not None and worker.ready_fd in readable:
                 self.read_ready(worker)
         return signals, self.reap()
@@ -435,7 +455,10 @@ class Supervisor:
         os.close(worker.ready_fd)
         worker.ready_fd = None
         if worker.ready and self.started:
-            log.info("worker restarted index=%d pid=%s", worker.spec.index, worker.pid)
+            if worker.spec.index == METADATA:
+                log.info("metadata voter restarted pid=%s", worker.pid)
+            else:
+                log.info("worker restarted index=%d pid=%s", worker.spec.index, worker.pid)
 
     def reap(self) -> list[Exited]:
         exited = []
@@ -515,14 +538,18 @@ class Supervisor:
             self.restart_due()
 
     def next_timeout(self) -> float:
-        due = [w.restart_at for w in self.workers if w.restart_at is not None]
+        due = [w.restart_at for w in self.children() if w.restart_at is not None]
         return min([RECHECK, *(at - time.monotonic() for at in due)])
 
     def schedule_restart(self, exited: Exited) -> bool:
         """A worker exited on its own: plan its restart; False if workers crash too often."""
         worker = exited.worker
-        log.error("worker exited unexpectedly index=%d pid=%d status=%s", worker.spec.index,
-                  exited.pid, describe_status(exited.status))
+        if worker.spec.index == METADATA:
+            log.error("metadata voter exited unexpectedly pid=%d status=%s", exited.pid,
+                      describe_status(exited.status))
+        else:
+            log.error("worker exited unexpectedly index=%d pid=%d status=%s",
+                      worker.spec.index, exited.pid, describe_status(exited.status))
         delay = self.crashes.record(worker.spec.index, time.monotonic())
         if delay is None:
             log.error("workers crashed more than %d times in %.0f s: stopping", CRASH_BUDGET,
@@ -533,13 +560,13 @@ class Supervisor:
 
     def restart_due(self) -> None:
         now = time.monotonic()
-        for worker in self.workers:
+        for worker in self.children():
             if worker.restart_at is not None and worker.restart_at <= now:
                 self.spawn(worker)
 
     def stop_all(self, grace: float) -> None:
         """SIGTERM every worker, wait up to ``grace`` s, then SIGKILL and reap the rest."""
-        for worker in self.workers:
+        for worker in self.children():
             worker.restart_at = None
         self.signal_workers(signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -552,6 +579,50 @@ class Supervisor:
             os.kill(worker.pid, signal.SIGKILL)
             os.waitpid(worker.pid, 0)
             worker.pid = None
+
+
+def run_metadata(config: BrokerConfig, token: str, workers: int) -> int:
+    """In the metadata voter's process: its Raft on the cluster port + 1 (the seeds' likewise:
+    the voters), serving this node's workers on a socket named by the node's token, and the
+    node's agent in the metadata (cluster/controller.py): its member record, and the
+    controller's work while this voter leads."""
+    from meshmq.cluster.controller import Agent
+    from meshmq.cluster.metadata import Member
+    from meshmq.cluster.metaproc import MetaService, raft_address_for, socket_name_for
+    from meshmq.cluster.raftstore import MetaStartError
+    from meshmq.node.identity import read_secret
+
+    cluster = config.cluster
+    host, port = split_listen(cluster.listen)
+    raft = raft_address_for(cluster.advertised)
+    service = MetaService(
+        cluster.node_id, raft, [raft_address_for(seed) for seed in cluster.seeds],
+        Path(config.server.data_dir), socket_name_for(token), read_secret(config),
+        bind=raft_address_for(f"{host}:{port}"))
+    loop_clock = time.monotonic
+    agent = Agent(service.store, Member(cluster.node_id, raft, cluster.advertised, workers),
+                  workers, config.log.partitions, 1 + len(cluster.seeds),
+                  lambda: service.store.status().state == "leader", loop_clock)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(service.serve(stop))
+            await asyncio.sleep(0)
+            group.create_task(agent.run(stop))
+
+    failed: list[MetaStartError] = []
+    try:
+        asyncio.run(serve())
+    except* MetaStartError as errors:
+        failed += [e for e in errors.exceptions if isinstance(e, MetaStartError)]
+    if failed:
+        log.error("%s", failed[0])
+        return failed[0].exit_status
+    return 0
 
 
 def _note_signal(signum: int, frame: object) -> None:

@@ -94,6 +94,31 @@ async def get_metrics(request: web.Request) -> web.Response:
         "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
+async def get_cluster(request: web.Request) -> web.Response:
+    """The cluster as this node sees it: per other node, how many of this node's workers are
+    linked to it and whether any suspects it (docs/cluster.md)."""
+    views = _views(request)
+    answers = [a for a in (await views.ask("cluster")).values() if a is not None]
+    if not answers:
+        return web.json_response({"node_id": None, "cluster_id": None, "workers": views.workers,
+                                  "nodes": []})
+    nodes: dict[str, dict[str, Any]] = {}
+    for answer in answers:
+        for node in answer["nodes"]:
+            row = nodes.setdefault(node["node_id"], {
+                "node_id": node["node_id"], "address": node["address"], "linked": 0,
+                "suspected": False})
+            row["linked"] += int(node["linked"])
+            row["suspected"] = row["suspected"] or node["suspected"]
+    first = answers[0]
+    return web.json_response({
+        "node_id": first["node_id"],
+        "cluster_id": next((a["cluster_id"] for a in answers if a["cluster_id"]), ""),
+        "workers": views.workers, "nodes": sorted(nodes.values(), key=lambda n: n["node_id"]),
+        "metadata": max((a.get("metadata") for a in answers if a.get("metadata")),
+                        key=lambda m: m["version"], default=None)})
+
+
 async def get_node(request: web.Request) -> web.Response:
     views = _views(request)
     workers = await views.ask("worker")
@@ -336,6 +361,7 @@ def add_routes(app: web.Application) -> None:
     add.add_get("/metrics", get_metrics)
     add.add_get("/api/v1/openapi.json", get_openapi)
     add.add_get("/api/v1/node", get_node)
+    add.add_get("/api/v1/cluster", get_cluster)
     add.add_get("/api/v1/overview", get_overview)
     add.add_get("/api/v1/clients", get_clients)
     add.add_get("/api/v1/clients/{client_id:.+}", get_client)

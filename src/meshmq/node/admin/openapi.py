@@ -61,6 +61,9 @@ SPEC: dict[str, Any] = {
                                     " configuration (secrets masked)")},
         "/api/v1/overview": {"get": _op("Node totals for the dashboard (rates come from two"
                                         " polls)")},
+        "/api/v1/cluster": {"get": _op("The cluster as this node sees it: the other nodes, how"
+                                       " many of this node's workers are linked to each, and"
+                                       " whether any suspects it")},
         "/api/v1/clients": {"get": _op(
             "Connected clients of every worker", [
                 _param("client_id", "query", "substring of the client id"),

@@ -19,6 +19,8 @@ from meshmq import __version__
 from meshmq.broker import queries
 from meshmq.broker.message import Message
 from meshmq.cluster.admin import QueryFailed
+from meshmq.cluster.metadata import members_of
+from meshmq.cluster.metarecords import assignment_of, controller_of
 from meshmq.node.admin.collect import own_log, worker_samples
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ class WorkerViews:
             "partitions": lambda args: self.partitions(),
             "segments": lambda args: self.segments(args["partition"]),
             "cursors": lambda args: self.cursors(),
+            "cluster": lambda args: self.cluster_view(),
         }
 
     def answer(self, query: str, args: dict[str, Any]) -> Any:
@@ -56,6 +59,36 @@ class WorkerViews:
         if view is None:
             raise KeyError(f"no admin query {query!r}")
         return view(args)
+
+    def cluster_view(self) -> dict[str, Any] | None:
+        """This worker's links to the other nodes (None: no cluster): for each node it knows,
+        whether its own dialed link is up and whether it suspects it."""
+        links = self.cluster.nodes if self.cluster is not None else None
+        if links is None:
+            return None
+        up = set(links.linked_nodes().values())
+        suspected = {link.remote.hello.node_id for link in links.mesh.remote.values()
+                     if link.remote.suspect and link.remote.hello is not None}
+        return {"node_id": links.identity.node_id, "cluster_id": links.identity.cluster_id,
+                "nodes": [{"node_id": node.node_id, "address": node.address,
+                           "linked": node.node_id in up, "suspected": node.node_id in suspected}
+                          for node in sorted(links.nodes.values(), key=lambda n: n.node_id)],
+                "counters": dict(links.counters), "metadata": self.metadata_view()}
+
+    def metadata_view(self) -> dict[str, Any] | None:
+        """The metadata as this worker's client mirrors it (None: no metadata voter, or not
+        connected yet): members, the controller, each partition's assignment."""
+        client = self.cluster.metadata if self.cluster is not None else None
+        view = client.view_nowait() if client is not None else None
+        if view is None:
+            return None
+        controller = controller_of(view)
+        return {
+            "version": view.version,
+            "members": {node: member.to_json() for node, member in members_of(view).items()},
+            "controller": None if controller is None else controller.to_json(),
+            "partitions": {str(p): a.to_json() for p in range(self.broker.config.log.partitions)
+                           if (a := assignment_of(view, p)) is not None}}
 
     def worker(self) -> dict[str, Any]:
         broker = self.broker

@@ -1,0 +1,94 @@
+"""``meshmq cluster dev``: a cluster of nodes on 127.0.0.1 in the foreground, for trying it.
+
+Each node is a ``meshmq serve`` process of its own with its own data directory
+(``DIR/n1``, ``DIR/n2``...), MQTT port (``--port``, then the next ones) and cluster port
+(``--cluster-port``, then the next ones), all on loopback (so no secret is needed: only this
+host can reach them). The first node starts the cluster; the others name it as their seed.
+Ctrl-C (or SIGTERM) stops them all; if one of them exits, the others are stopped too and the
+command exits with status 1. A node's log goes to ``DIR/nN/node.log``.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STOP_GRACE = 30.0  # seconds each node gets to stop cleanly before it is killed
+
+
+@dataclass
+class DevNode:
+    name: str
+    directory: Path
+    port: int
+    cluster_port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+
+def node_config(node: DevNode, seed: int | None) -> str:
+    seeds = f'["127.0.0.1:{seed}"]' if seed is not None else "[]"
+    return (f'[cluster]\nnode_id = "{node.name}"\nlisten = "127.0.0.1:{node.cluster_port}"\n'
+            f"seeds = {seeds}\n")
+
+
+def run_dev_cluster(count: int, directory: Path, port: int, cluster_port: int,
+                    workers: int) -> int:
+    """Start ``count`` nodes, wait for Ctrl-C or for one to exit; the exit status."""
+    nodes = [DevNode(f"n{i + 1}", directory / f"n{i + 1}", port + i, cluster_port + i)
+             for i in range(count)]
+    stopping: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: stopping.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for node in nodes:
+            node.directory.mkdir(parents=True, exist_ok=True)
+            config = node.directory / "meshmq.toml"
+            config.write_text(node_config(node, None if node is nodes[0]
+                                          else nodes[0].cluster_port))
+            with open(node.directory / "node.log", "ab") as log_file:
+                node.proc = subprocess.Popen(
+                    [sys.executable, "-m", "meshmq", "serve", "--config", str(config),
+                     "--bind", "127.0.0.1", "--port", str(node.port), "--data-dir",
+                     str(node.directory / "data"), "--workers", str(workers)],
+                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        print(f"meshmq cluster dev: {count} nodes on 127.0.0.1 (Ctrl-C stops them all)")
+        for node in nodes:
+            print(f"  {node.name}: mqtt://127.0.0.1:{node.port}  cluster port "
+                  f"{node.cluster_port}  log {node.directory / 'node.log'}")
+        sys.stdout.flush()
+        status = 0
+        while not stopping:
+            exited = [n for n in nodes if n.proc is not None and n.proc.poll() is not None]
+            if exited:
+                node = exited[0]
+                assert node.proc is not None
+                print(f"meshmq cluster dev: {node.name} exited with status "
+                      f"{node.proc.returncode} (see {node.directory / 'node.log'}); stopping "
+                      "the others", file=sys.stderr)
+                status = 1
+                break
+            time.sleep(0.2)  # a foreground supervisor's poll, not a test
+        _stop_all(nodes)
+        return status
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_all(nodes: list[DevNode]) -> None:
+    for node in nodes:
+        if node.proc is not None and node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    for node in nodes:
+        if node.proc is None:
+            continue
+        try:
+            node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            node.proc.kill()
+            node.proc.wait()
