@@ -85,6 +85,7 @@ class BrokerServer:
         if self.services is not None:
             self.services.start()  # dispatchers recovered before any client is served
         views = self.views = WorkerViews(broker, self.cluster)
+        views.services = self.services
         if self.cluster is not None:
             self.cluster.admin.answer = views.answer  # every worker answers admin queries
         listeners = self.listeners = Listeners(self.config, broker, self.worker is not None)

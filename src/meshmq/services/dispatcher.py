@@ -169,7 +169,8 @@ class Dispatcher:
         if key is not None:
             earlier = self.by_key.get(key)
             if earlier is not None and self.requests.get(earlier.id) is earlier:
-                self.stats.duplicates += 1
+                if not recovering:  # (counted when it came; a recovery counts nothing)
+                    self.stats.duplicates += 1
                 if earlier.phase is Phase.DONE and not recovering:
                     self.actions.append(Respond(earlier))
                 return
