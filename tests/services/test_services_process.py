@@ -189,6 +189,19 @@ user:worker      write       reply/#
 """
 
 
+def acl_user(node: BrokerProcess, client_factory: Callable[..., Client], name: str,
+             worker: int) -> Client:
+    """A 5.0 client of user ``name`` connected to ``worker``."""
+    for _ in range(64):
+        client = client_factory(f"{name}-{worker}")
+        client.paho.username_pw_set(name)
+        _, _, connack = client.connect(node.port)
+        if dict(getattr(connack, "UserProperty", []) or []).get("meshmq-worker") == str(worker):
+            return client
+        client.disconnect()
+    pytest.fail("no connection on the worker")
+
+
 def test_unauthorised_callers_and_service_workers_are_refused(
         tmp_path: Path, broker_factory: Callable[..., BrokerProcess],
         client_factory: Callable[..., Client]) -> None:
@@ -196,15 +209,7 @@ def test_unauthorised_callers_and_service_workers_are_refused(
     node = broker_factory(FAST + f'[auth]\nacl_file = "{tmp_path / "acl"}"\n', workers=2)
 
     def user(name: str, worker: int) -> Client:
-        for _ in range(64):
-            client = client_factory(f"{name}-{worker}")
-            client.paho.username_pw_set(name)
-            _, _, connack = client.connect(node.port)
-            if dict(getattr(connack, "UserProperty", []) or []).get("meshmq-worker") == str(
-                    worker):
-                return client
-            client.disconnect()
-        pytest.fail("no connection on the worker")
+        return acl_user(node, client_factory, name, worker)
 
     stranger = PahoWorker(user("intruder", 0), "allowed")
     assert [code.value for code in stranger.offer()] == [0x87]
@@ -221,6 +226,27 @@ def test_unauthorised_callers_and_service_workers_are_refused(
     assert acked_code(caller, info) == 0
     assert caller.expect().payload == b"done:hello"
     assert [s.sender for s in worker.served] == ["caller-1"]  # the intruder's never came
+
+
+def test_only_a_service_worker_of_the_service_may_reply_by_request_id(
+        tmp_path: Path, broker_factory: Callable[..., BrokerProcess],
+        client_factory: Callable[..., Client]) -> None:
+    """Request ids are positions in the log, easy to guess: a reply on
+    ``$service/NAME/reply/ID`` is taken only from a client that may offer NAME."""
+    (tmp_path / "acl").write_text(ACL + "user:intruder    write       $service/#\n")
+    node = broker_factory(FAST + f'[auth]\nacl_file = "{tmp_path / "acl"}"\n', workers=2)
+    worker = PahoWorker(acl_user(node, client_factory, "worker", 1), "allowed", hang=True)
+    assert worker.offer() == [1]
+    caller = Caller(acl_user(node, client_factory, "caller", 0), "reply/caller/1")
+    caller.call("allowed", b"hello", b"c1")
+    request = worker.arrived.get(timeout=WAIT)
+    intruder = acl_user(node, client_factory, "intruder", 0)
+    forged = intruder.publish(f"$service/allowed/reply/{request.request_id}", b"forged",
+                              qos=1, wait=False)
+    assert acked_code(intruder, forged) == 0x87
+    worker.client.publish(f"$service/allowed/reply/{request.request_id}", b"genuine", qos=1)
+    reply = caller.expect()  # the first reply to arrive: the forged one would have come first
+    assert (reply.payload, reply.request_id) == (b"genuine", request.request_id)
 
 
 def test_mqtt_3_1_1_calls_and_serves_with_the_envelope_in_the_topic(

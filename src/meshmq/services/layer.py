@@ -611,9 +611,21 @@ class ServicesLayer:
 
     def _reply_by_topic(self, client: ClientHandle, packet: Publish, service: str,
                         request_id: str) -> bool:
-        """``$service/NAME/reply/ID``: a reply that names its request (topic envelope)."""
+        """``$service/NAME/reply/ID``: a reply that names its request (topic envelope). Request
+        ids are log positions, easy to guess: with an ACL, only a client that may offer NAME
+        (read on ``$service/NAME`` or ``$service/NAME/#``) may reply this way."""
         where = envelope.parse_request_id(request_id)
         assert where is not None  # parse_publish checked it
+        acl, session = self.host.acl, client.session
+        if acl is not None and session is not None:
+            offer = envelope.service_topic(service)
+            if not (acl.can_subscribe(session.username, session.client_id, offer)
+                    or acl.can_subscribe(session.username, session.client_id, offer + "/#")):
+                self.counters["denied"] += 1
+                log.info("service reply denied client_id=%s service=%s", client.client_id,
+                         service)
+                self.host.publishes.denied(client, packet)
+                return True
         expectation = self.desk.by_id.get(request_id)
         message = Message(packet.topic, packet.payload, packet.qos, False, packet.properties,
                           client.client_id, self.loop.time())
