@@ -29,10 +29,10 @@ After ``warmup`` seconds, the window counts completed requests and keeps every r
 (percentiles are exact). Broker CPU is read from /proc over the window: ``us/req`` = broker
 CPU µs per request, the cost with a CPU to itself; ``wait%`` = the share of the window the
 broker was runnable but waiting for its CPU (the scheduler's run delay: other processes on a
-shared machine), which says how much of a round trip was spent queued behind others. Every request must get exactly one reply
-(a reply with an unknown or repeated correlation, or a request left without a reply 10 s after
-the window, fails the run). Prints the table with the ratios to Mosquitto and writes
-``bench/results/services-<UTC time>.json``.
+shared machine), which says how much of a round trip was spent queued behind others. Every
+request must get exactly one reply (a reply with an unknown or repeated correlation, or a
+request left without a reply 10 s after the window, fails the run). Prints the table with the
+ratios to Mosquitto and writes ``bench/results/services-<UTC time>.json``.
 """
 
 from __future__ import annotations
