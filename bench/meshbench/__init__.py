@@ -14,6 +14,10 @@
   scenario, the append-cost cases (a persisted publish sent to its partition's leader), an
   MQTT 5.0 client that picks its worker, its publishers and subscribers (QoS 0 and 1), and
   which worker serves each load generator connection.
+* ``cluster``, ``clustertraffic``, ``clusterconnect``, ``clusterfail``: the cluster benchmark
+  (``bench/cluster_cost.py``): start, watch and kill a cluster of nodes on this machine,
+  publish → subscribe flows whose clients each pick a node, one load generator per node at
+  once, and a node killed, hung or paused under QoS 1 traffic.
 """
 
 from __future__ import annotations

@@ -128,3 +128,103 @@ def test_a_quiet_link_carries_pings_and_is_never_suspected() -> None:
     assert all(w.links.counters["suspected"] == 0 for w in net.nodes)
     assert all(state.remote.side in (Side.DIALED, Side.ACCEPTED)
                for w in net.nodes for state in w.mesh.remote.values())
+
+
+def test_a_forgotten_node_is_dropped_everywhere_until_it_links_again() -> None:
+    from meshmq.cluster.codec import Members
+
+    net = ClusterNet({"a": 2, "b": 2, "c": 1})
+    net.stop(net.of("c").index)
+    net.advance(DEAD_AFTER + 1)  # c is dead for a and b
+    for worker in net.workers["a"]:  # the admin asks every worker of a
+        worker.links.forget("c", spread=True)
+    net.pump()
+    for worker in net.workers["a"] + net.workers["b"]:
+        assert "c" not in worker.links.nodes, worker.index
+        assert "c" in worker.links.forgotten
+    gossip = net.of("b", 1)  # a MEMBERS list from a node that still knew c is not heeded
+    gossip.links._members(Members([("c", "c:7883")]).members)
+    assert "c" not in gossip.links.nodes
+    net.resume(net.of("c").index)
+    net.dial(net.of("c").index, "b")  # c comes back and links itself: a member again
+    assert "c" in net.of("b", 0).links.nodes or "c" in net.of("b", 1).links.nodes
+
+
+def test_what_was_routed_to_a_node_that_hung_past_dead_reaches_it_when_it_links_again() -> None:
+    """A node that hangs longer than DEAD_AFTER has its links closed as dead. What was queued
+    for it, sent but not acknowledged (in buffers the close threw away), or routed to it while
+    it was down was dropped: its subscribers, whose sessions survived, missed all of it. Now
+    the unacknowledged frames and those routed meanwhile wait, and go first on the next
+    link."""
+    net = ClusterNet({"a": 1, "b": 2})
+    for worker in net.workers["b"]:
+        worker.subscribe(f"s{worker.spec.index}", "t/#")
+    net.pump()
+    publisher = net.of("a")
+    sent = [f"before-{n}".encode() for n in range(20)]
+    for payload in sent:
+        publisher.publish("t/x", payload)
+    net.pump()
+    for worker in net.workers["b"]:
+        net.stop(worker.index)
+    for n in range(30):
+        sent.append(f"hung-{n}".encode())
+        publisher.publish("t/x", sent[-1])
+    net.pump()
+    net.advance(DEAD_AFTER + 1)
+    assert "b" not in dialed(publisher).values()  # closed as dead
+    for n in range(30):
+        sent.append(f"down-{n}".encode())
+        publisher.publish("t/x", sent[-1])
+    net.pump()
+    for worker in net.workers["b"]:
+        net.resume(worker.index)
+    net.dial(publisher.index, "b")  # (the real layer redials with backoff)
+    for worker in net.workers["b"]:
+        got = worker.deliveries[f"s{worker.spec.index}"]
+        assert set(got) == set(sent), worker.index  # nothing lost (some may come twice)
+        assert list(dict.fromkeys(got)) == sent  # in the order they were published
+    assert publisher.links.counters["resent"] >= 60
+
+
+def test_acknowledged_frames_are_not_kept() -> None:
+    net = ClusterNet({"a": 1, "b": 1})
+    net.of("b").subscribe("s", "t")
+    net.pump()
+    for n in range(600):
+        net.of("a").publish("t", f"{n}".encode())
+    net.pump()
+    net.advance(2.0)  # a heartbeat acknowledges the rest
+    (link,) = [link for link in net.of("a").mesh.remote.values()
+               if link.remote.side is Side.DIALED]
+    assert link.resend is not None and len(link.resend.frames) == 0
+    assert len(net.of("b").deliveries["s"]) == 600
+
+
+def test_a_forgotten_node_drops_what_waited_for_it() -> None:
+    net = ClusterNet({"a": 1, "b": 1})
+    net.of("b").subscribe("s", "t")
+    net.pump()
+    net.stop(net.of("b").index)
+    net.advance(DEAD_AFTER + 1)
+    net.of("a").publish("t", b"never")
+    net.of("a").links.forget("b", spread=True)
+    assert net.of("a").mesh.routable == {}
+    net.resume(net.of("b").index)
+    net.dial(net.of("a").index, "b")
+    net.of("a").publish("t", b"after")
+    net.pump()
+    assert net.of("b").deliveries["s"] == [b"after"]
+
+
+def test_a_shared_groups_messages_go_to_members_that_are_up_not_to_a_node_that_is_down() -> None:
+    net = ClusterNet({"a": 1, "b": 1, "c": 1})
+    net.of("b").subscribe("m-b", "$share/g/jobs")
+    net.of("c").subscribe("m-c", "$share/g/jobs")
+    net.pump()
+    net.stop(net.of("c").index)
+    net.advance(DEAD_AFTER + 1)  # c is down: parked
+    for n in range(10):
+        net.of("a").publish("jobs", f"{n}".encode())
+    net.pump()
+    assert net.of("b").deliveries["m-b"] == [f"{n}".encode() for n in range(10)]

@@ -182,10 +182,10 @@ class Node:
         single-process node is its own worker 0)."""
         if self.proc is None:
             return []
-        if self.workers == 1:
-            return [self.proc.pid]
         text = self.log()
         started = STARTED.search(text)
+        if started is None and not self.supervised():
+            return [self.proc.pid]
         if started is None:
             raise NodeError(f"{self.name}: no 'workers started' line in {self.log_path}")
         pids = [int(pid) for pid in started.group(2).split(",")]
@@ -193,12 +193,16 @@ class Node:
             pids[int(index)] = int(pid)
         return pids
 
+    def supervised(self) -> bool:
+        """Runs under a supervisor: several workers, or a cluster node (one worker too)."""
+        return self.workers > 1 or "[cluster]" in self.config
+
     def pids(self) -> list[int]:
         """The supervisor (if any) then every worker."""
         if self.proc is None:
             return []
         workers = self.worker_pids()
-        return workers if self.workers == 1 else [self.proc.pid, *workers]
+        return [self.proc.pid, *workers] if self.supervised() else workers
 
     def kill_worker(self, index: int) -> int:
         """``kill -9`` one worker; the supervisor restarts it (``wait_worker_restarted``).

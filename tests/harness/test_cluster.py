@@ -218,10 +218,11 @@ def free_runs(count: int, length: int) -> list[int]:
 
 def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
         tmp_path: Path, client_factory: Callable[..., Client]) -> None:
-    mqtt_port, cluster_port = free_runs(2, 2)
+    mqtt_port, cluster_port, admin_port = free_runs(3, 2)
     dev = subprocess.Popen(
         [sys.executable, "-m", "meshmq", "cluster", "dev", "--nodes", "2", "--dir",
-         str(tmp_path / "dev"), "--port", str(mqtt_port), "--cluster-port", str(cluster_port)],
+         str(tmp_path / "dev"), "--port", str(mqtt_port), "--cluster-port", str(cluster_port),
+         "--admin-port", str(admin_port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         logs = [tmp_path / "dev" / name / "node.log" for name in ("n1", "n2")]
@@ -234,11 +235,19 @@ def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
         publisher.connect(mqtt_port)
         publisher.publish("dev/hello", "from n1", qos=1)
         assert subscriber.expect().payload == b"from n1"
+        status = subprocess.run(  # the command it printed works as printed
+            [sys.executable, "-m", "meshmq", "cluster", "status", "--admin",
+             f"http://127.0.0.1:{admin_port}", "--api-key", "dev"],
+            capture_output=True, text=True, timeout=30)
+        assert re.search(r"^n2\s+127\.0\.0\.1:\d+\s+1/1\s+linked$", status.stdout, re.M), \
+            status.stdout + status.stderr
     finally:
         dev.send_signal(signal.SIGINT)
         output, _ = dev.communicate(timeout=60)
     assert dev.returncode == 0, output
     assert "2 nodes on 127.0.0.1" in output
+    assert f"meshmq cluster status --admin http://127.0.0.1:{admin_port} --api-key dev" \
+        in output
 
 
 LONG = os.environ.get("MESHMQ_FAULTS") == "1"
@@ -409,3 +418,213 @@ def test_a_persistent_session_gets_its_own_nodes_messages_after_other_nodes_ones
                                      + [f"far-{40 + n}".encode() for n in range(3)])
         assert [p for p in got if p.startswith(b"near")] == [b"near-0", b"near-1", b"near-2"]
         assert [p for p in got if p.startswith(b"far")] == [b"far-40", b"far-41", b"far-42"]
+
+
+def retained_view(client_factory: Callable[..., Client], node: Node, name: str,
+                  expected: dict[str, bytes] | None = None) -> dict[str, bytes]:
+    """The retained messages a new subscriber of ``room/#`` on ``node`` gets: until they are
+    exactly ``expected`` (if given), or until none came for a second."""
+    client = connect(client_factory, node, name)
+    try:
+        client.subscribe("room/#", qos=1)
+        got: dict[str, bytes] = {}
+        while got != expected:
+            try:
+                message = client.expect(timeout=1.0)
+            except queue.Empty:
+                break
+            assert message.retain  # (nothing but retained messages is published meanwhile)
+            got[message.topic] = message.payload
+        return got
+    finally:
+        client.disconnect()
+
+
+def test_retained_messages_are_one_store_for_the_cluster(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """A retained message published on one node is served by every node; a node killed with
+    kill -9 and restarted serves what changed while it was away (cleared topics included),
+    and what it changed itself before dying is served by the others."""
+    with start_cluster(tmp_path, 3, workers=2) as nodes:
+        publisher = connect(client_factory, nodes[0], "thermostat")
+        expected = {f"room/{n}/temp": f"{20 + n}".encode() for n in range(6)}
+        for topic, payload in expected.items():
+            publisher.publish(topic, payload, qos=1, retain=True)
+        polls = iter(range(1000))
+        for node in nodes:
+            wait_for(lambda node=node: retained_view(client_factory, node,
+                                                     f"v{next(polls)}", expected) == expected,
+                     what=f"{node.name} to serve the retained messages published on n1")
+        nodes[2].kill()
+        publisher.publish("room/0/temp", "", qos=1, retain=True)  # cleared while n3 is away
+        publisher.publish("room/1/temp", "30", qos=1, retain=True)
+        changed = {**expected, "room/1/temp": b"30"}
+        del changed["room/0/temp"]
+        nodes[2].restart()
+        wait_for(lambda: retained_view(client_factory, nodes[2], f"v{next(polls)}",
+                                       changed) == changed,
+                 what="n3, restarted, to serve what changed while it was away")
+        # and it serves nothing more: no cleared message came back from its own copy
+        assert retained_view(client_factory, nodes[2], "last-n3") == changed
+        assert retained_view(client_factory, nodes[1], "last-n2") == changed
+
+
+def test_sys_topics_and_cluster_status_show_each_node_and_the_sums(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    admin = (f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+             '[mqtt]\nsys_interval = 1\n')
+    with start_cluster(tmp_path, 3, workers=2, extra=admin) as nodes:
+        clients = [connect(client_factory, nodes[1], f"on-n2-{n}") for n in range(3)]
+        clients.append(connect(client_factory, nodes[2], "on-n3"))
+        watcher = connect(client_factory, nodes[0], "watcher")  # 5 clients in all
+        watcher.subscribe("$SYS/broker/cluster/#", qos=0)
+        seen: dict[str, bytes] = {}
+
+        def figures_are(wanted: dict[str, bytes]) -> bool:
+            while True:
+                try:
+                    message = watcher.expect(timeout=0.2)
+                except queue.Empty:
+                    return all(seen.get(topic) == value for topic, value in wanted.items())
+                seen[message.topic] = message.payload
+
+        prefix = "$SYS/broker/cluster/"
+        wait_for(lambda: figures_are({
+            prefix + "clients/connected": b"5", prefix + "nodes": b"3",
+            prefix + "nodes/n1/clients/connected": b"1",
+            prefix + "nodes/n2/clients/connected": b"3",
+            prefix + "nodes/n3/clients/connected": b"1"}), timeout=30,
+            what="the cluster's figures on n1's $SYS")
+        url = f"http://127.0.0.1:{nodes[0].ports['admin']}"
+        command = [sys.executable, "-m", "meshmq", "cluster", "status", "--admin", url,
+                   "--api-key", ADMIN_KEY]
+        state = json.loads(subprocess.run([*command, "--json"], capture_output=True,
+                                          text=True, timeout=30, check=True).stdout)
+        assert state["stats"]["totals"]["clients_connected"] == 5
+        assert sorted(state["stats"]["nodes"]) == ["n1", "n2", "n3"]
+        text = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+        assert re.search(r"^n2\s+3\s+0\s+\d+\s+\d+\s+\d+$", text, re.M), text
+        assert re.search(r"^cluster\s+5\s+1\s+\d+", text, re.M), text  # the watcher's
+
+
+def test_a_node_leaves_and_a_dead_one_is_forgotten(tmp_path: Path) -> None:
+    """``meshmq cluster leave`` on n3: the others drop it and it stops (exit 0). n2 killed
+    with kill -9, then ``meshmq cluster forget n2`` on n1: dropped too; restarted, n2 links
+    again and is a member again."""
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+    with start_cluster(tmp_path, 3, workers=2, extra=admin) as nodes:
+        def cli(node: Node, *action: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "meshmq", "cluster", *action, "--admin",
+                 f"http://127.0.0.1:{node.ports['admin']}", "--api-key", ADMIN_KEY],
+                capture_output=True, text=True, timeout=30)
+
+        def members(node: Node) -> list[str]:
+            state = json.loads(cli(node, "status", "--json").stdout)
+            return [n["node_id"] for n in state["nodes"]]
+
+        left = cli(nodes[2], "leave")
+        assert left.returncode == 0, left.stderr
+        assert nodes[2].proc is not None and nodes[2].proc.wait(timeout=30) == 0
+        for node in (nodes[0], nodes[1]):
+            wait_for(lambda node=node: "n3" not in members(node),
+                     what=f"{node.name} to drop n3")
+        refused = cli(nodes[0], "forget", "n2")  # n2 is up: forgetting it is refused
+        assert refused.returncode == 1 and "is linked" in refused.stderr, refused.stderr
+        nodes[1].kill()
+        wait_for(lambda: "link to node lost node=n2" in nodes[0].log(), what="n2 gone")
+        forgot = cli(nodes[0], "forget", "n2")
+        assert forgot.returncode == 0, forgot.stderr
+        assert members(nodes[0]) == []
+        unknown = cli(nodes[0], "forget", "n9")
+        assert unknown.returncode == 1 and "not known" in unknown.stderr
+        nodes[1].restart()
+        wait_for(lambda: members(nodes[0]) == ["n2"], what="n2 a member again")
+
+
+def test_a_client_id_connecting_on_another_node_takes_over_its_connection(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """MQTT-3.1.4-3 across nodes: the older connection of a client id gets DISCONNECT 0x8E.
+    Sessions stay on their node: with Clean Start 0 the old one is kept there (offline, its
+    subscription queueing), with Clean Start 1 it ends."""
+    session = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    with start_cluster(tmp_path, 2, workers=2) as nodes:
+        first = client_factory("dev-1", 5)
+        first.connect(nodes[0].port, clean_start=False, properties=session)
+        first.subscribe("cmd/dev-1", qos=1)
+        second = client_factory("dev-1", 5)
+        flags, _, _ = second.connect(nodes[1].port, clean_start=False, properties=session)
+        assert flags.session_present is False  # its session is on n1
+        assert first.disconnects.get(timeout=10).value == 0x8E  # session taken over
+        second.subscribe("cmd/dev-1", qos=1)
+        sender = connect(client_factory, nodes[0], "sender")
+        sender.publish("cmd/dev-1", "while on n2", qos=1)
+        assert second.expect().payload == b"while on n2"
+        assert second.disconnects.empty()
+        third = client_factory("dev-1", 5)  # back on n1: n1 kept its session, and queued
+        flags, _, _ = third.connect(nodes[0].port, clean_start=False, properties=session)
+        assert flags.session_present is True
+        assert third.expect().payload == b"while on n2"
+        assert second.disconnects.get(timeout=10).value == 0x8E
+        clean = client_factory("dev-1", 5)  # a clean start on n2 ends n1's session
+        clean.connect(nodes[1].port, clean_start=True, properties=session)
+        assert third.disconnects.get(timeout=10).value == 0x8E
+        clean.disconnect()
+        last = client_factory("dev-1", 5)
+
+        def session_on_n1() -> bool:
+            flags, _, _ = last.connect(nodes[0].port, clean_start=False, properties=session)
+            last.disconnect()
+            return bool(flags.session_present)
+
+        assert session_on_n1() is False
+
+
+def test_a_node_that_hangs_past_dead_gets_what_was_routed_to_it(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """n2 frozen (SIGSTOP) longer than the 12 s after which n1 closes its link as dead: the
+    messages n1 routed to n2's subscriber before and after that close were dropped, although
+    the subscriber's connection and session survived the freeze. Now they wait for n2 and
+    reach it, in order, when the link is up again (some may come twice)."""
+    with start_cluster(tmp_path, 2, workers=1) as nodes:
+        subscriber = client_factory("frozen-sub")
+        subscriber.connect(nodes[1].port, clean_start=True, keepalive=120)
+        subscriber.subscribe("seq", qos=1)
+        publisher = connect(client_factory, nodes[0], "pub")
+        publisher.publish("seq", "0", qos=1)
+        assert subscriber.expect().payload == b"0"  # routed from n1 to n2
+        nodes[1].pause()
+        try:
+            sent = [str(n).encode() for n in range(1, 31)]
+            for payload in sent:
+                publisher.publish("seq", payload, qos=1)
+            wait_for(lambda: "link to node lost node=n2" in nodes[0].log(), timeout=40,
+                     what="n1 to close its link to the frozen n2 as dead")
+            for n in range(31, 61):
+                sent.append(str(n).encode())
+                publisher.publish("seq", sent[-1], qos=1)
+        finally:
+            nodes[1].resume()
+        got: list[bytes] = []
+        while not set(sent) <= set(got):  # ("0" may come again: it was not acknowledged)
+            got.append(subscriber.expect(timeout=30).payload)
+        assert [payload for payload in dict.fromkeys(got) if payload != b"0"] == sent
+        assert "resent to node=n2" in nodes[0].log()
+
+
+def test_a_node_with_metadata_on_port_0_runs_its_voter_on_the_next_port(tmp_path: Path) -> None:
+    """The voter listens on the cluster port + 1: with ``listen`` port 0 the supervisor draws a
+    cluster port whose next one is free, so the voter starts and the node becomes controller."""
+    node = Node("n1", tmp_path / "n1", cluster_config(tmp_path, "n1", [],
+                                                      extra="metadata = true\n"))
+    node.start()
+    try:
+        raft = node.ports["cluster"] + 1
+        wait_for(lambda: f"raft=127.0.0.1:{raft}" in node.log(), what="the voter's address")
+        wait_for(lambda: "controller node=n1 epoch=1" in node.log(), timeout=30,
+                 what="n1 to claim the controller")
+        with socket.create_connection(("127.0.0.1", raft), timeout=5):
+            pass  # the voter listens there
+    finally:
+        node.stop()

@@ -123,7 +123,8 @@ class SysTopics:
 
     def publish(self, counts: dict[str, int]) -> None:
         broker = self.broker
-        values = {TOPICS[name]: str(value) for name, value in counts.items()}
+        # a name the core does not know is a topic itself (a cluster's per-node figures)
+        values = {TOPICS.get(name, name): str(value) for name, value in counts.items()}
         values["uptime"] = f"{int(time.monotonic() - self.started)} seconds"
         values["version"] = f"meshmq {__version__}"
         values["workers"] = str(broker.statistics_sink.workers)

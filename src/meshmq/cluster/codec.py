@@ -65,11 +65,16 @@ class FrameType(IntEnum):
     LINK_AUTH = 24  # proof of the cluster secret, over both nonces (cluster/nodelink.py)
     PING = 25  # a link between nodes is alive (sent when it is otherwise quiet)
     MEMBERS = 26  # the nodes the sender knows, with the address each is dialed at
-    SERVICE_OFFER = 27  # to a service's dispatcher: a service worker here offers it (or not)
-    SERVICE_SYNC = 28  # on each link: every offer here for the receiver's services, and holdings
-    SERVICE_REQUEST = 29  # from a dispatcher: an attempt for a service worker connected there
-    SERVICE_REPLY = 30  # to a dispatcher: a service worker's reply (answered: SERVICE_REPLIED)
-    SERVICE_REPLIED = 31  # answer to SERVICE_REPLY: what the reply turned out to be
+    RETAIN_SYNC = 27  # retained messages (or clears) with their stamps, for another node's store
+    NODE_STATS = 28  # a node's $SYS totals, for the other nodes' cluster figures
+    FORGET = 29  # a node left the cluster (or is gone for good): stop dialing it, drop it
+    TAKEOVER = 30  # a client id connected on the sender's node: close older connections of it
+    FORWARD_ACK = 31  # the count of FORWARD and RETAIN_SYNC frames handled on this link
+    SERVICE_OFFER = 32  # to a service's dispatcher: a service worker here offers it (or not)
+    SERVICE_SYNC = 33  # on each link: every offer here for the receiver's services, and holdings
+    SERVICE_REQUEST = 34  # from a dispatcher: an attempt for a service worker connected there
+    SERVICE_REPLY = 35  # to a dispatcher: a service worker's reply (answered: SERVICE_REPLIED)
+    SERVICE_REPLIED = 36  # answer to SERVICE_REPLY: what the reply turned out to be
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -557,21 +562,31 @@ class Stats:
     values: dict[str, int]
 
     def encode(self) -> bytes:
-        writer = Writer().u16(len(self.values))
-        for name in self.values:
-            writer.text(name)
-        return writer.offsets([max(0, int(v)) for v in self.values.values()]).frame(
-            FrameType.STATS)
+        return _counters(Writer(), self.values).frame(FrameType.STATS)
 
     @classmethod
     def decode(cls, body: bytes) -> Stats:
         reader = Reader(body)
-        names = [reader.text() for _ in range(reader.u16())]
-        values = reader.offsets()
+        values = _read_counters(reader)
         reader.end()
-        if len(values) != len(names):
-            raise LinkError("stats: names and values differ in number")
-        return cls(dict(zip(names, values, strict=True)))
+        return cls(values)
+
+
+def _counters(writer: Writer, values: dict[str, int]) -> Writer:
+    """Counters: their names, then their values (none below 0)."""
+    writer.u16(len(values))
+    for name in values:
+        writer.text(name)
+    writer.offsets([max(0, int(v)) for v in values.values()])
+    return writer
+
+
+def _read_counters(reader: Reader) -> dict[str, int]:
+    names = [reader.text() for _ in range(reader.u16())]
+    values = reader.offsets()
+    if len(values) != len(names):
+        raise LinkError("stats: names and values differ in number")
+    return dict(zip(names, values, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -780,6 +795,114 @@ class Members:
         return cls(members)
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardAck:
+    """From the accepting end of a link between nodes: it has handled the link's first
+    ``count`` FORWARD and RETAIN_SYNC frames (cluster/resend.py)."""
+
+    count: int
+
+    def encode(self) -> bytes:
+        return Writer().u64(self.count).frame(FrameType.FORWARD_ACK)
+
+    @classmethod
+    def decode(cls, body: bytes) -> ForwardAck:
+        reader = Reader(body)
+        count = reader.u64()
+        reader.end()
+        return cls(count)
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """A CONNECT for ``client_id`` on the sender's node at ``stamp`` (wall time, ns): a
+    connection of that client id on the receiver's node that is older is closed with
+    DISCONNECT 0x8E, and with ``clean_start`` its session ends (cluster/takeover.py)."""
+
+    client_id: str
+    clean_start: bool
+    stamp: int
+
+    def encode(self) -> bytes:
+        return Writer().text(self.client_id).u8(self.clean_start).u64(self.stamp).frame(
+            FrameType.TAKEOVER)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Takeover:
+        reader = Reader(body)
+        client_id, clean_start, stamp = reader.text(), bool(reader.u8()), reader.u64()
+        reader.end()
+        return cls(client_id, clean_start, stamp)
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Node ``node_id`` left the cluster (``meshmq cluster leave``) or an operator removed it
+    (``meshmq cluster forget``): the receiver stops dialing it and drops it from its members
+    until it links again itself."""
+
+    node_id: str
+
+    def encode(self) -> bytes:
+        return Writer().text(self.node_id).frame(FrameType.FORGET)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Forget:
+        reader = Reader(body)
+        node_id = reader.text()
+        reader.end()
+        return cls(node_id)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """A node's ``$SYS`` totals (its statistics owner's), sent to the other nodes every
+    ``mqtt.sys_interval`` for the cluster's figures (cluster/nodestats.py)."""
+
+    node_id: str
+    values: dict[str, int]
+
+    def encode(self) -> bytes:
+        return _counters(Writer().text(self.node_id), self.values).frame(FrameType.NODE_STATS)
+
+    @classmethod
+    def decode(cls, body: bytes) -> NodeStats:
+        reader = Reader(body)
+        node_id = reader.text()
+        values = _read_counters(reader)
+        reader.end()
+        return cls(node_id, values)
+
+
+@dataclass(frozen=True, slots=True)
+class RetainSync:
+    """Retained messages for the receiver's node: ``(topic, stamp, node, body)`` entries, a
+    body of None being a clear. Sent by a topic's owner to the other nodes when a client of
+    its node changes it, and all of them when a link to a node comes up; passed on by the
+    receiving worker to the topic's owner in its node, which keeps the newest by stamp
+    (cluster/noderetained.py)."""
+
+    entries: list[tuple[str, int, str, bytes | None]]
+
+    def encode(self) -> bytes:
+        writer = Writer().u32(len(self.entries))
+        for topic, stamp, node_id, body in self.entries:
+            writer.text(topic).u64(stamp).text(node_id).u8(body is not None)
+            if body is not None:
+                writer.blob(body)
+        return writer.frame(FrameType.RETAIN_SYNC)
+
+    @classmethod
+    def decode(cls, body: bytes) -> RetainSync:
+        reader = Reader(body)
+        entries = []
+        for _ in range(reader.u32()):
+            topic, stamp, node_id = reader.text(), reader.u64(), reader.text()
+            entries.append((topic, stamp, node_id, reader.blob() if reader.u8() else None))
+        reader.end()
+        return cls(entries)
+
+
 # ---------------------------------------------------------------------- services
 #
 # Request/reply between the worker processes of a node (services/layer.py): a service worker
@@ -936,8 +1059,8 @@ class ServiceReplied:
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
-         | Members | ServiceOffer | ServiceSync | ServiceRequest | ServiceReply
-         | ServiceReplied)
+         | Members | RetainSync | NodeStats | Forget | Takeover | ForwardAck | ServiceOffer
+         | ServiceSync | ServiceRequest | ServiceReply | ServiceReplied)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -950,7 +1073,10 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.DELIVER: Deliver, FrameType.SETTLED: Settled,
     FrameType.ADMIN: Admin, FrameType.ADMIN_ANSWER: AdminAnswer,
     FrameType.LINK_HELLO: LinkHello, FrameType.LINK_AUTH: LinkAuth, FrameType.PING: Ping,
-    FrameType.MEMBERS: Members, FrameType.SERVICE_OFFER: ServiceOffer,
+    FrameType.MEMBERS: Members, FrameType.RETAIN_SYNC: RetainSync,
+    FrameType.NODE_STATS: NodeStats, FrameType.FORGET: Forget, FrameType.TAKEOVER: Takeover,
+    FrameType.FORWARD_ACK: ForwardAck,
+    FrameType.SERVICE_OFFER: ServiceOffer,
     FrameType.SERVICE_SYNC: ServiceSync, FrameType.SERVICE_REQUEST: ServiceRequest,
     FrameType.SERVICE_REPLY: ServiceReply, FrameType.SERVICE_REPLIED: ServiceReplied,
 }

@@ -109,6 +109,8 @@ class Directory:
                  defer: Callable[[Callable[[], None]], object]) -> None:
         self.host = host
         self.defer = defer  # run a callback on a later loop turn (answers are never synchronous)
+        # a CONNECT here, before it claims its session (cluster/takeover.py: the other nodes)
+        self.on_claim: Callable[[str, bool], None] | None = None
         self.leadership = leadership
         self.mesh = mesh
         self.holders: dict[str, int] = {}  # client id -> worker holding its session (owned ids)
@@ -144,6 +146,8 @@ class Directory:
 
     def claim(self, client_id: str, clean_start: bool,
               done: Callable[[list[Session]], None]) -> bool:
+        if self.on_claim is not None:  # (other nodes close their connections of this id)
+            self.on_claim(client_id, clean_start)
         if not self.mesh.linked:
             return False
         self.counters["claims"] += 1

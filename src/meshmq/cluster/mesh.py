@@ -99,6 +99,7 @@ from meshmq.cluster.timers import Timer, Timers
 if TYPE_CHECKING:
     from meshmq.broker.message import Message
     from meshmq.cluster.nodes import NodeLinks
+    from meshmq.cluster.resend import ResendLog
 
 log = logging.getLogger("meshmq.mesh")
 
@@ -123,10 +124,13 @@ class Lane(Enum):
 # Every frame type's lane, in one table (the module docstring says why each is where it is).
 LANES: dict[int, Lane] = {frame_type: Lane.CONTROL for frame_type in FrameType}
 LANES.update({FrameType.FORWARD: Lane.DATA, FrameType.APPEND: Lane.DATA,
-              FrameType.DELIVER: Lane.DATA, FrameType.APPENDED: Lane.ORDERED,
+              FrameType.DELIVER: Lane.DATA, FrameType.RETAIN_SYNC: Lane.DATA,
+              FrameType.APPENDED: Lane.ORDERED,
               FrameType.BARRIER_DONE: Lane.ORDERED, FrameType.SYNCED: Lane.ORDERED,
               FrameType.SETTLED: Lane.ORDERED, FrameType.CLAIMED: Lane.ORDERED})
 _TYPE_BYTE = 4  # a frame is length (u32) | type (u8) | body
+# frames a dialed link to another node keeps until acknowledged (cluster/resend.py)
+RESENT = frozenset({FrameType.FORWARD, FrameType.RETAIN_SYNC})
 
 Handler = Callable[[int, Any], None]  # (peer, decoded frame)
 Highs = dict[int, int]
@@ -167,6 +171,10 @@ class _Link:
     remote: Any = None  # a link between nodes: its state (cluster/nodes.py); None: local
     last_in: float = 0.0  # (links between nodes) when a byte last came, and last went
     last_out: float = 0.0
+    # (a link this worker dialed to another node) its frames not acknowledged yet; once it
+    # closed, ``parked``: still the node's route, what is routed there waits in ``resend``
+    resend: ResendLog | None = None
+    parked: bool = False
 
 
 class Mesh:
@@ -189,6 +197,7 @@ class Mesh:
         self.peers: dict[int, _Link] = {}  # linked peers of this node (HELLO received)
         self.remote: dict[int, _Link] = {}  # ready links to other nodes (cluster/nodes.py)
         self.routable: dict[int, _Link] = {}  # the peers a publish may be forwarded to
+        self.parked: set[int] = set()  # ... of which nodes that are down (cluster/resend.py)
         self.node_links: NodeLinks | None = None  # set by NodeLinks
         self._handlers: dict[int, Handler] = {}
         self._answers = {FrameType.REPLY, FrameType.RETAINED, FrameType.CLAIMED,
@@ -345,10 +354,10 @@ class Mesh:
         if link.handshake is not None:
             link.handshake.cancel()
         if link.remote is not None:
-            if self.node_links is not None:
-                self.node_links.closed(link)
             if link.peer is not None and self.routable.get(link.peer) is link:
                 del self.routable[link.peer]
+            if self.node_links is not None:
+                self.node_links.closed(link)  # (which may park it as the node's route)
             return
         peer = link.peer
         if peer is None or self.peers.get(peer) is not link:
@@ -494,6 +503,11 @@ class Mesh:
             self.io.wake()
 
     def _queue_data(self, link: _Link, frame: bytes) -> None:
+        resend = link.resend
+        if resend is not None and frame[_TYPE_BYTE] in RESENT:
+            resend.append(frame)  # (until the other node acknowledges it: cluster/resend.py)
+        if link.parked:
+            return  # the link is gone: the frame waits in ``resend`` for the next one
         link.data.append(frame)
         link.data_bytes += len(frame)
         self.counters["frames_out"] += 1
@@ -566,7 +580,8 @@ class Mesh:
         """After the local plain deliveries (core interface ``Peers``): forward ``message``
         once to each peer that has a match; return the shared groups to serve here and the
         number of peers forwarded to."""
-        here, targets = self.routes.targets(message.topic, local_groups, self.routable)
+        here, targets = self.routes.targets(message.topic, local_groups, self.routable,
+                                            self.parked)
         if self.local_for is not None:  # that peer delivers it itself (partitions.py)
             self.local_groups = targets.pop(self.local_for, None)
         if not targets:

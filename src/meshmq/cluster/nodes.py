@@ -29,7 +29,9 @@ every node, whichever worker the kernel gave each link to.
 Liveness. A socket close is not enough between hosts (a stopped or cut-off node closes
 nothing), so every link carries a ``PING`` when it has been quiet for ``HEARTBEAT``; a link that
 heard nothing for ``SUSPECT_AFTER`` is *suspect* (logged once), and after ``DEAD_AFTER`` it is
-closed as dead, its routes and requests gone (the dialing side dials again with backoff). The
+closed as dead, its requests gone (the dialing side dials again with backoff); its routes
+stay, and what is routed to that node meanwhile waits for the next link (cluster/resend.py:
+every FORWARD is kept until the other end acknowledges it, ``FORWARD_ACK``). The
 times allow for a loaded 2-core machine: an event loop stalled by a garbage collection or an
 fsync for a second must not look dead.
 
@@ -51,7 +53,9 @@ from meshmq.cluster.codec import (
     MAX_FRAME,
     Barrier,
     BarrierDone,
+    Forget,
     Forward,
+    ForwardAck,
     FrameType,
     LinkAuth,
     LinkError,
@@ -70,6 +74,7 @@ from meshmq.cluster.nodelink import (
     link_mac,
     new_nonce,
 )
+from meshmq.cluster.resend import ACK_EVERY, ResendLog
 from meshmq.cluster.routes import REMOTE_BASE, RouteKey
 
 if TYPE_CHECKING:
@@ -98,6 +103,9 @@ class RemoteState:
     cluster_id: str = ""
     ready: bool = False
     suspect: bool = False
+    received: int = 0  # (accepted) FORWARD and RETAIN_SYNC frames handled on this link
+    acked: int = 0  # ... and the count last acknowledged (FORWARD_ACK)
+    fresh_routes: bool = True  # (dialed) the next ROUTES is the node's whole set
 
 
 @dataclass(slots=True)
@@ -111,7 +119,7 @@ class NodePeer:
 
 # Frames a link between nodes may carry once ready, by the side it arrives on.
 _FROM_ACCEPTOR = frozenset({FrameType.ROUTES, FrameType.MEMBERS, FrameType.PING,
-                            FrameType.BARRIER, FrameType.BARRIER_DONE})
+                            FrameType.BARRIER, FrameType.BARRIER_DONE, FrameType.FORWARD_ACK})
 _FROM_DIALER = frozenset({FrameType.FORWARD, FrameType.PING, FrameType.BARRIER,
                           FrameType.BARRIER_DONE, FrameType.MEMBERS})
 
@@ -126,16 +134,25 @@ class NodeLinks:
     on_members: Callable[[list[tuple[str, str]]], None] | None = None  # nodes to dial
     on_node_up: list[Callable[[int, str], None]] = field(default_factory=list)
     on_node_down: list[Callable[[int, str], None]] = field(default_factory=list)
+    on_forget: list[Callable[[str], None]] = field(default_factory=list)  # stop dialing it
     nodes: dict[str, NodePeer] = field(default_factory=dict)  # by node id
+    # frames of the layers above (retained messages...) that a dialing node may send here
+    handlers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
+    # nodes that left or were removed: not dialed, not taken from MEMBERS, until they link
+    forgotten: set[str] = field(default_factory=set)
     _peer_ids: dict[str, int] = field(default_factory=dict)  # node id -> its peer id
+    # peer id -> the closed dialed link that stays its route until a new one is up
+    _parked: dict[int, _Link] = field(default_factory=dict)
     _next_accepted: int = REMOTE_BASE + (1 << 15)
     _heartbeat: Timer | None = None
     counters: dict[str, int] = field(default_factory=lambda: {
-        "links_refused": 0, "links_dead": 0, "suspected": 0, "relayed": 0})
+        "links_refused": 0, "links_dead": 0, "suspected": 0, "relayed": 0, "resent": 0})
 
     def __post_init__(self) -> None:
         self.mesh.node_links = self
         self.mesh.handle(FrameType.MEMBERS, lambda peer, frame: self._members(frame.members))
+        self.mesh.handle(FrameType.FORGET, self._forget_from_peer)
+        self.handlers[FrameType.FORGET] = self._forget_from_node
 
     # ------------------------------------------------------------------ links
 
@@ -161,7 +178,15 @@ class NodeLinks:
         mesh.requests.link_down(link.ident)
         node_id = state.hello.node_id if state.hello else "?"
         if state.side is Side.DIALED:
-            mesh.routes.forget(peer)
+            if mesh.closing or node_id in self.forgotten or link.resend is None:
+                mesh.routes.forget(peer)
+            else:  # its routes stay; what is routed there waits (cluster/resend.py)
+                link.parked = True
+                link.congested = False
+                link.data, link.data_bytes = [], 0
+                mesh.routable[peer] = link
+                mesh.parked.add(peer)
+                self._parked[peer] = link
             known = self.nodes.get(node_id)
             if known is not None and known.link is link:
                 known.link = None
@@ -176,8 +201,9 @@ class NodeLinks:
         state: RemoteState = link.remote
         if not state.ready:
             return self._handshake(link, state, frame_type, body)
-        allowed = _FROM_ACCEPTOR if state.side is Side.DIALED else _FROM_DIALER
-        if frame_type not in allowed:
+        dialed = state.side is Side.DIALED
+        allowed = _FROM_ACCEPTOR if dialed else _FROM_DIALER
+        if frame_type not in allowed and (dialed or frame_type not in self.handlers):
             raise LinkError(f"frame type {frame_type} is not taken from another node here")
         peer = link.peer
         assert peer is not None
@@ -187,11 +213,25 @@ class NodeLinks:
         if frame_type == FrameType.FORWARD:
             if mesh.on_forward is not None:
                 mesh.on_forward(peer, Forward.decode(body))
+            self._handled(link, state)
             return
         frame = decode_frame(frame_type, body)
-        if frame_type == FrameType.ROUTES:
+        handler = self.handlers.get(frame_type)
+        if handler is not None and not dialed:
+            handler(peer, frame)
+            if frame_type == FrameType.RETAIN_SYNC:
+                self._handled(link, state)
+        elif frame_type == FrameType.FORWARD_ACK:
+            assert isinstance(frame, ForwardAck)
+            if link.resend is not None:
+                link.resend.acked(frame.count)
+        elif frame_type == FrameType.ROUTES:
             assert isinstance(frame, Routes)
-            mesh.routes.apply(peer, frame.changes)
+            if state.fresh_routes:  # the node's whole set, after (re)linking
+                state.fresh_routes = False
+                mesh.routes.replace(peer, frame.changes)
+            else:
+                mesh.routes.apply(peer, frame.changes)
         elif frame_type == FrameType.MEMBERS:
             assert isinstance(frame, Members)
             self._members(frame.members)
@@ -201,6 +241,17 @@ class NodeLinks:
         else:  # BARRIER_DONE, the one answer a link between nodes carries today
             assert isinstance(frame, BarrierDone)
             mesh.requests.answer(link.ident, frame.request_id, frame)
+
+    def _handled(self, link: _Link, state: RemoteState) -> None:
+        """(accepted) One more FORWARD or RETAIN_SYNC handled: acknowledged every
+        ``ACK_EVERY`` (and on each heartbeat)."""
+        state.received += 1
+        if state.received - state.acked >= ACK_EVERY:
+            self._ack(link, state)
+
+    def _ack(self, link: _Link, state: RemoteState) -> None:
+        state.acked = state.received
+        self.mesh.queue(link, ForwardAck(state.received).encode())
 
     def _handshake(self, link: _Link, state: RemoteState, frame_type: int, body: bytes) -> None:
         if state.hello is None:
@@ -233,14 +284,20 @@ class NodeLinks:
                      hello.node_id)
             if self.on_cluster_id is not None:
                 self.on_cluster_id(state.cluster_id)
+        if hello.node_id in self.forgotten:
+            self.forgotten.discard(hello.node_id)  # it linked again itself: a member again
+            log.info("forgotten node back node=%s", hello.node_id)
         known = self.nodes.get(hello.node_id)
         if known is None:
             known = self.nodes[hello.node_id] = NodePeer(hello.node_id, hello.address)
             if hello.address:
                 self._new_members([(hello.node_id, hello.address)],
                                   dial=state.side is Side.ACCEPTED)
-        elif hello.address:
+        elif hello.address and hello.address != known.address:
+            # restarted at another address (a new port, a new host): dialed there from now on
             known.address = hello.address
+            self._new_members([(hello.node_id, hello.address)],
+                              dial=state.side is Side.ACCEPTED)
         if state.side is Side.DIALED:
             peer = self._peer_ids.get(hello.node_id)
             if peer is None:
@@ -253,6 +310,18 @@ class NodeLinks:
             mesh.remote[peer] = link
             mesh.routable[peer] = link
             known.link = link
+            link.resend = ResendLog(hello.node_id)
+            parked = self._parked.pop(peer, None)
+            mesh.parked.discard(peer)
+            if parked is not None and parked.resend is not None:
+                waiting = parked.resend.take()  # first, in order: they were routed first
+                for frame in waiting:
+                    mesh.forward_to(link, frame)
+                self.counters["resent"] += len(waiting)
+                if waiting:
+                    log.info("resent to node=%s frames=%d (not acknowledged before the link "
+                             "closed, or routed while it was down)", hello.node_id,
+                             len(waiting))
             log.info("linked node=%s address=%s their_worker=%d", hello.node_id,
                      hello.address, hello.worker)
             for listener in self.on_node_up:
@@ -261,9 +330,8 @@ class NodeLinks:
             peer = link.peer = self._next_accepted
             self._next_accepted += 1
             mesh.remote[peer] = link
-            routes = mesh.routes.announce_node()
-            if routes:
-                mesh.queue(link, Routes(routes).encode())
+            # the whole set, even empty: it replaces what the dialer kept while unlinked
+            mesh.queue(link, Routes(mesh.routes.announce_node()).encode())
             mesh.queue(link, Members(self.members()).encode())
 
     # ------------------------------------------------------------------ members
@@ -277,11 +345,14 @@ class NodeLinks:
     def _members(self, members: list[tuple[str, str]]) -> None:
         new = []
         for node_id, address in members:
-            if node_id == self.identity.node_id or not address:
+            if node_id == self.identity.node_id or not address or node_id in self.forgotten:
                 continue
             known = self.nodes.get(node_id)
             if known is None:
                 self.nodes[node_id] = NodePeer(node_id, address)
+                new.append((node_id, address))
+            elif known.address != address and known.link is None:
+                known.address = address  # it came back elsewhere: dial it there too
                 new.append((node_id, address))
         if new:
             self._new_members(new)
@@ -296,6 +367,42 @@ class NodeLinks:
         for peer in self.accepted_peers():
             self.mesh.queue(self.mesh.remote[peer], frame)
         self.mesh.broadcast(frame)  # this node's other workers (the kernel chose who accepts)
+
+    def forget(self, node_id: str, spread: bool = False) -> bool:
+        """Drop ``node_id`` from this worker's members and stop dialing it (its links, if any
+        are up, stay until they close: a node that links again is a member again). With
+        ``spread`` (the admin's worker), tell every other node too. False if it was not
+        known."""
+        if node_id == self.identity.node_id and not spread:
+            return False  # (this node's own leaving is spread, never applied here)
+        if node_id != self.identity.node_id:
+            self.forgotten.add(node_id)
+            peer = self._peer_ids.get(node_id)
+            parked = self._parked.pop(peer, None) if peer is not None else None
+            if parked is not None and peer is not None:  # what waited for it goes too
+                self.mesh.parked.discard(peer)
+                self.mesh.routes.forget(peer)
+                if self.mesh.routable.get(peer) is parked:
+                    del self.mesh.routable[peer]
+        known = self.nodes.pop(node_id, None)
+        for listener in self.on_forget:
+            listener(node_id)
+        if spread:
+            frame = Forget(node_id).encode()
+            for peer in self.linked_nodes():
+                self.mesh.send(peer, frame)
+        if known is not None:
+            log.info("node forgotten node=%s", node_id)
+        return known is not None
+
+    def _forget_from_peer(self, peer: int, frame: Forget) -> None:
+        """A worker of this node passed on another node's FORGET."""
+        self.forget(frame.node_id)
+
+    def _forget_from_node(self, peer: int, frame: Forget) -> None:
+        """Another node says ``frame.node_id`` left: this worker and its node's others."""
+        self.forget(frame.node_id)
+        self.mesh.broadcast(frame.encode())
 
     def linked_nodes(self) -> dict[int, str]:
         """The nodes this worker routes to now: peer id -> node id."""
@@ -357,6 +464,8 @@ class NodeLinks:
             elif quiet < SUSPECT_AFTER and state.suspect:
                 state.suspect = False
                 log.info("node no longer suspected node=%s", name)
+            if state.ready and state.received > state.acked:
+                self._ack(link, state)
             if state.ready and now - link.last_out >= HEARTBEAT:
                 mesh.queue(link, Ping().encode())
         if remote_links:

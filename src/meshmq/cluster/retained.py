@@ -58,6 +58,9 @@ class OwnedRetained:
         self.mesh = mesh
         self.encode = encode
         self.decode = decode
+        # a client of this node changed a topic's retained message, stored here (its owner):
+        # the cluster's other nodes are told (cluster/noderetained.py)
+        self.on_kept: Callable[[Message], None] | None = None
         mesh.handle(FrameType.RETAIN, self._on_retain)
         mesh.handle(FrameType.QUERY_RETAINED, self._on_query)
 
@@ -74,6 +77,8 @@ class OwnedRetained:
         owner = self.leadership.owner_of_topic(message.topic)
         if owner == self.me:
             self.local.keep(message, done)
+            if self.on_kept is not None:
+                self.on_kept(message)
             return
 
         def answer(reply: Reply | None) -> None:
@@ -149,6 +154,8 @@ class OwnedRetained:
             self.mesh.send(peer, reply, link)  # (only on the link the request came on)
 
         self.local.keep(message, stored)
+        if self.on_kept is not None and not frame.migrate:
+            self.on_kept(message)
 
     def _on_query(self, peer: int, frame: QueryRetained) -> None:
         found = [(index, self.encode(message)) for index, topic_filter in

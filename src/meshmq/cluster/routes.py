@@ -133,6 +133,15 @@ class Routes:
                 if local:
                     self._node_change(key, -1)
 
+    def replace(self, peer: int, changes: Iterable[RouteChange]) -> None:
+        """``peer``'s whole route set (a node that linked again): routes it no longer has go,
+        new ones come, those it still has stay in place throughout."""
+        wanted = {(group, topic_filter) for added, group, topic_filter in changes if added}
+        known = self._peer_routes.get(peer, set())
+        self.apply(peer, [(False, group, topic_filter) for group, topic_filter in known
+                          if (group, topic_filter) not in wanted]
+                   + [(True, group, topic_filter) for group, topic_filter in wanted])
+
     def forget(self, peer: int) -> None:
         """``peer``'s link dropped: its routes go (it announces them again when it relinks)."""
         for key in self._peer_routes.pop(peer, set()):
@@ -181,11 +190,14 @@ class Routes:
             found = remember(self._plain, topic, frozenset(peers))
         return found
 
-    def targets(self, topic: str, local_groups: Collection[RouteKey], linked: Collection[int]
-                ) -> tuple[list[RouteKey], dict[int, list[RouteKey]]]:
+    def targets(self, topic: str, local_groups: Collection[RouteKey], linked: Collection[int],
+                parked: Collection[int] = ()) -> tuple[list[RouteKey], dict[int, list[RouteKey]]]:
         """Where a publish on ``topic`` goes besides the local plain subscribers: the shared
         groups to serve here, and per linked peer the groups it serves (an empty list: plain
-        subscribers only). ``local_groups``: the groups matching ``topic`` with members here."""
+        subscribers only). ``local_groups``: the groups matching ``topic`` with members here.
+        ``parked``: nodes that are down (what is routed there waits for them,
+        cluster/resend.py): a group's message goes to a member that is up, to a parked node
+        only when no member is up anywhere."""
         targets: dict[int, list[RouteKey]] = {p: [] for p in self.plain_peers(topic)
                                               if p in linked}
         here: list[RouteKey] = []
@@ -196,7 +208,9 @@ class Routes:
                          for name, peers in groups.items()}
         for key in sorted(set(local_groups) | remote_groups.keys()):
             candidates = [LOCAL] if key in local_groups else []
-            candidates += sorted(p for p in remote_groups.get(key, ()) if p in linked)
+            peers = [p for p in remote_groups.get(key, ()) if p in linked]
+            up = [p for p in peers if p not in parked] if parked else peers
+            candidates += sorted(up if up or candidates else peers)
             if not candidates:
                 continue
             chosen = self._next_in_turn(key, candidates)

@@ -57,6 +57,7 @@ class NodeSockets:
         self.closing = False
         links.on_members = self._learned
         links.on_node_up.append(self._node_up)
+        links.on_forget.append(self._forget)
 
     @property
     def mesh(self) -> Mesh:
@@ -101,8 +102,19 @@ class NodeSockets:
         known = self.links.nodes.get(node_id)
         return known is not None and known.link is not None
 
+    def _forget(self, node_id: str) -> None:
+        """``node_id`` left: its addresses are not dialed again (a dial under way ends)."""
+        for address in [a for a, known in self.addresses.items() if known == node_id]:
+            del self.addresses[address]
+            self._delays.pop(address, None)
+
+    def _gone(self, address: str) -> bool:
+        """The node at ``address`` left (or the address was dropped with it)."""
+        return address not in self.addresses or self.addresses[address] in self.links.forgotten
+
     def _dial(self, address: str) -> None:
-        if self.closing or address in self._dialing or self._linked_to(address):
+        if self.closing or address in self._dialing or self._linked_to(address) \
+                or self._gone(address):
             return
         if address == self.links.identity.address:
             return  # this node itself
@@ -119,7 +131,7 @@ class NodeSockets:
             self._again(address)
 
     def _again(self, address: str) -> None:
-        if self.closing or self._linked_to(address):
+        if self.closing or self._linked_to(address) or self._gone(address):
             return
         delay = min(REDIAL_MAX, self._delays.get(address, REDIAL_FIRST / 2) * 2)
         self._delays[address] = delay
@@ -152,7 +164,7 @@ class NodeSockets:
         hello = state.remote.hello if state is not None and state.remote is not None else None
         self.mesh.link_closed(link.ident)
         address = self._by_ident.pop(link.ident, None)
-        if address is not None and hello is not None:
+        if address is not None and hello is not None and address in self.addresses:
             self.addresses[address] = hello.node_id  # (this node itself: not dialed again)
         if address is not None and not self.closing:
             if self.addresses.get(address) == self.links.identity.node_id:

@@ -33,18 +33,22 @@ from meshmq.cluster.metaclient import MetaClient
 from meshmq.cluster.metadata import MetadataError
 from meshmq.cluster.metaproc import socket_name_for
 from meshmq.cluster.nodelink import NodeIdentity
+from meshmq.cluster.noderetained import NodeRetained
 from meshmq.cluster.nodes import NodeLinks
+from meshmq.cluster.nodestats import ClusterStatistics
 from meshmq.cluster.partitions import PartitionedLog
 from meshmq.cluster.retained import OwnedRetained
 from meshmq.cluster.routes import REMOTE_BASE
 from meshmq.cluster.sockets import MeshSockets
 from meshmq.cluster.stats import MeshStatistics
+from meshmq.cluster.takeover import NodeTakeover
 from meshmq.cluster.tcplinks import NodeSockets
 
 log = logging.getLogger("meshmq.mesh")
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
+    from meshmq.broker.interfaces import NodeStatistics
     from meshmq.broker.message import Message
     from meshmq.broker.router import Router
     from meshmq.cluster.codec import Forward
@@ -105,16 +109,24 @@ class WorkerCluster:
         self.retained = OwnedRetained(broker.local_retained, self.leadership, mesh,
                                       lifecycle.encode_message, lifecycle.decode_message)
         self.directory = Directory(lifecycle, self.leadership, mesh, loop.call_soon)
-        self.statistics = MeshStatistics(mesh, self.leadership.is_statistics_owner)
+        self.node_statistics = MeshStatistics(mesh, self.leadership.is_statistics_owner)
+        self.statistics: NodeStatistics = self.node_statistics
         self.admin = MeshAdmin(mesh, loop)  # the operations plane's queries (node/admin/)
         join_router(mesh, broker.router, decode_message, self._forwarded_position)
         self.nodes: NodeLinks | None = None
+        self.node_retained: NodeRetained | None = None
+        self.takeover: NodeTakeover | None = None
         self.node_sockets: NodeSockets | None = None
         self.metadata: MetaClient | None = None  # the node's metadata voter (cluster.metadata)
         if identity is not None and config.cluster.metadata:
             self.metadata = MetaClient(socket_name_for(worker.token))
         if identity is not None:  # a node of a cluster: links to the other nodes too
             self.nodes = NodeLinks(mesh, identity, on_cluster_id=on_cluster_id)
+            self.node_retained = NodeRetained(self.retained, self.nodes)
+            self.takeover = NodeTakeover(self.directory, self.nodes, broker.sessions,
+                                         lifecycle, loop.time)
+            self.statistics = ClusterStatistics(self.node_statistics, self.nodes,
+                                                config.mqtt.sys_interval)
             self.node_sockets = NodeSockets(loop, self.sockets, self.nodes,
                                             config.cluster.listen, config.cluster.seeds)
         mesh.on_congested = self._congested

@@ -1,4 +1,5 @@
-"""``meshmq cluster dev | status``: try a cluster on one machine, and see how one stands."""
+"""``meshmq cluster dev | status | leave | forget``: try a cluster on one machine, see how one
+stands, take a node out of it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 
 def add_cluster_command(commands: Any) -> None:
@@ -29,15 +31,36 @@ def add_cluster_command(commands: Any) -> None:
                      help="cluster port of the first node; the others take the next ones")
     dev.add_argument("--workers", type=int, default=1, metavar="N",
                      help="worker processes per node (default 1)")
+    dev.add_argument("--admin-port", type=int, default=18083, metavar="N",
+                     help="admin listener of the first node, the others on the next ones, "
+                     "API key 'dev' (default 18083; 0: none)")
     dev.set_defaults(run=_dev)
     status = actions.add_parser(
         "status", help="a node's view of the cluster: members, links, suspected nodes",
         description="Ask a node's admin API (its [admin] listener) how the cluster stands.")
-    status.add_argument("--admin", required=True, metavar="URL",
-                        help="the node's admin listener, e.g. http://127.0.0.1:18083")
-    status.add_argument("--api-key", required=True, metavar="KEY", help="admin.api_key")
+    _admin_arguments(status)
     status.add_argument("--json", action="store_true", help="print the answer as JSON")
     status.set_defaults(run=_status)
+    leave = actions.add_parser(
+        "leave", help="take the node out of the cluster: the others drop it, then it stops",
+        description="The node whose admin listener is named leaves the cluster: every other "
+        "node drops it from its members and stops dialing it, then the node stops (exit 0). "
+        "Started again later, it joins again through its seeds.")
+    _admin_arguments(leave)
+    leave.set_defaults(run=_leave)
+    forget = actions.add_parser(
+        "forget", help="drop a node that is gone for good (asked of any other node)",
+        description="Drop NODE, which is down and will not come back, from every node's "
+        "members: none dials it any more. If it ever links again, it is a member again.")
+    forget.add_argument("node_id", metavar="NODE", help="the node id to drop")
+    _admin_arguments(forget)
+    forget.set_defaults(run=_forget)
+
+
+def _admin_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--admin", required=True, metavar="URL",
+                        help="the node's admin listener, e.g. http://127.0.0.1:18083")
+    parser.add_argument("--api-key", required=True, metavar="KEY", help="admin.api_key")
 
 
 def _dev(args: argparse.Namespace) -> int:
@@ -46,21 +69,52 @@ def _dev(args: argparse.Namespace) -> int:
         return 2
     from meshmq.node.devcluster import run_dev_cluster
 
-    return run_dev_cluster(args.nodes, args.dir, args.port, args.cluster_port, args.workers)
+    return run_dev_cluster(args.nodes, args.dir, args.port, args.cluster_port, args.workers,
+                           args.admin_port)
+
+
+def _ask(args: argparse.Namespace, action: str, path: str, method: str = "GET"
+         ) -> dict[str, Any] | None:
+    """The admin API's JSON answer; None after printing a one-line error."""
+    url = args.admin.rstrip("/") + path
+    request = urllib.request.Request(url, method=method,
+                                     headers={"Authorization": f"Bearer {args.api_key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            result: dict[str, Any] = json.load(answer)
+            return result
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.load(exc).get("error") or exc.reason
+        except (ValueError, OSError):
+            reason = exc.reason
+        print(f"meshmq cluster {action}: error: {url}: HTTP {exc.code} {reason}",
+              file=sys.stderr)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"meshmq cluster {action}: error: {url}: {exc}", file=sys.stderr)
+    return None
+
+
+def _leave(args: argparse.Namespace) -> int:
+    answer = _ask(args, "leave", "/api/v1/cluster/leave", "POST")
+    if answer is None:
+        return 1
+    print(f"node {answer['leaving']} is leaving the cluster and stopping")
+    return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    answer = _ask(args, "forget", f"/api/v1/cluster/forget/{quote(args.node_id, safe='')}",
+                  "POST")
+    if answer is None:
+        return 1
+    print(f"node {answer['forgotten']} dropped from the cluster")
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    url = args.admin.rstrip("/") + "/api/v1/cluster"
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {args.api_key}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            state = json.load(answer)
-    except urllib.error.HTTPError as exc:
-        print(f"meshmq cluster status: error: {url}: HTTP {exc.code} {exc.reason}",
-              file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"meshmq cluster status: error: {url}: {exc}", file=sys.stderr)
+    state = _ask(args, "status", "/api/v1/cluster")
+    if state is None:
         return 1
     if args.json:
         print(json.dumps(state, indent=2))
@@ -82,6 +136,7 @@ def render_status(state: dict[str, Any]) -> str:
             "linked" if node["linked"] == state["workers"] else
             "down" if not node["linked"] else "partly linked")
         lines.append(f"{node['node_id']:<16} {node['address']:<24} {links:<10} {health}")
+    lines += _figures(state.get("stats") or {})
     metadata = state.get("metadata")
     if not metadata:
         return "\n".join(lines)
@@ -98,3 +153,20 @@ def render_status(state: dict[str, Any]) -> str:
         lines.append(f"{partition:<10} {leader:<16} {assignment['worker']:<7} "
                      f"{assignment['leader_epoch']:<6} {health}")
     return "\n".join(lines)
+
+
+FIGURES = (("clients_connected", "clients"), ("subscriptions", "subscriptions"),
+           ("messages_received", "received"), ("messages_sent", "sent"),
+           ("retained", "retained"))
+
+
+def _figures(stats: dict[str, Any]) -> list[str]:
+    """Each node's $SYS figures and the cluster's sums (as of the last mqtt.sys_interval)."""
+    if not stats.get("nodes"):
+        return []
+    lines = ["", f"{'figures':<16} " + " ".join(f"{title:>13}" for _, title in FIGURES)]
+    rows = [*stats["nodes"].items(), ("cluster", stats.get("totals", {}))]
+    for name, values in rows:
+        lines.append(f"{name:<16} " + " ".join(f"{values.get(key, 0):>13}"
+                                               for key, _ in FIGURES))
+    return lines

@@ -26,20 +26,27 @@ class DevNode:
     directory: Path
     port: int
     cluster_port: int
+    admin_port: int | None = None  # None: no admin listener
     proc: subprocess.Popen[bytes] | None = None
+
+
+DEV_API_KEY = "dev"  # the admin listeners are on 127.0.0.1 only: a trial cluster's key
 
 
 def node_config(node: DevNode, seed: int | None) -> str:
     seeds = f'["127.0.0.1:{seed}"]' if seed is not None else "[]"
+    admin = "" if node.admin_port is None else (
+        f'\n[admin]\nlisten = "127.0.0.1:{node.admin_port}"\napi_key = "{DEV_API_KEY}"\n')
     return (f'[cluster]\nnode_id = "{node.name}"\nlisten = "127.0.0.1:{node.cluster_port}"\n'
-            f"seeds = {seeds}\n")
+            f"seeds = {seeds}\n{admin}")
 
 
 def run_dev_cluster(count: int, directory: Path, port: int, cluster_port: int,
-                    workers: int) -> int:
-    """Start ``count`` nodes, wait for Ctrl-C or for one to exit; the exit status."""
-    nodes = [DevNode(f"n{i + 1}", directory / f"n{i + 1}", port + i, cluster_port + i)
-             for i in range(count)]
+                    workers: int, admin_port: int = 0) -> int:
+    """Start ``count`` nodes, wait for Ctrl-C or for one to exit; the exit status.
+    ``admin_port``: the first node's admin listener, the others on the next ones (0: none)."""
+    nodes = [DevNode(f"n{i + 1}", directory / f"n{i + 1}", port + i, cluster_port + i,
+                     admin_port + i if admin_port else None) for i in range(count)]
     stopping: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: stopping.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -57,8 +64,13 @@ def run_dev_cluster(count: int, directory: Path, port: int, cluster_port: int,
                     stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         print(f"meshmq cluster dev: {count} nodes on 127.0.0.1 (Ctrl-C stops them all)")
         for node in nodes:
+            admin = "" if node.admin_port is None else \
+                f"  admin http://127.0.0.1:{node.admin_port}"
             print(f"  {node.name}: mqtt://127.0.0.1:{node.port}  cluster port "
-                  f"{node.cluster_port}  log {node.directory / 'node.log'}")
+                  f"{node.cluster_port}{admin}  log {node.directory / 'node.log'}")
+        if nodes[0].admin_port is not None:
+            print(f"  meshmq cluster status --admin http://127.0.0.1:{nodes[0].admin_port} "
+                  f"--api-key {DEV_API_KEY}")
         sys.stdout.flush()
         status = 0
         while not stopping:

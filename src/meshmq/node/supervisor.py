@@ -78,6 +78,7 @@ from meshmq.node.startup import (
 log = logging.getLogger("meshmq.supervisor")
 
 METADATA = -1  # the metadata voter's slot among the supervisor's children
+RAFT_PORT_TRIES = 50  # cluster ports drawn (port 0) before one whose next port is free too
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 START_FAILURE_GRACE = 10.0  # seconds the other workers get to stop when one fails to start
@@ -151,10 +152,31 @@ def _reserve_cluster(config: BrokerConfig, sockets: list[socket.socket]) -> Brok
     host, port = split_listen(cluster.listen)
     family, address = _resolve("cluster", host, port)
     sock = _reserve("cluster", host, port, family, address)
+    for _ in range(RAFT_PORT_TRIES if port == 0 and cluster.metadata else 0):
+        # the metadata voter listens on the cluster port + 1 (cluster/metaproc.py): with
+        # port 0, draw a cluster port whose next one is free too
+        if _free(family, address, sock.getsockname()[1] + 1):
+            break
+        sock.close()
+        sock = _reserve("cluster", host, port, family, address)
     sockets.append(sock)
     shown = f"[{host}]" if ":" in host else host
     listen = f"{shown}:{sock.getsockname()[1]}"
     return dataclasses.replace(config, cluster=dataclasses.replace(cluster, listen=listen))
+
+
+def _free(family: int, address: tuple[object, ...], port: int) -> bool:
+    """Can a listener bind ``port`` on ``address``'s host now (checked, not held)?"""
+    if port > 65535:
+        return False
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.bind((address[0], port, *address[2:]))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _resolve(name: str, bind: str, port: int) -> tuple[int, tuple[object, ...]]:

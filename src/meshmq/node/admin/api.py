@@ -9,7 +9,10 @@ every endpoint is openapi.py, served at ``/api/v1/openapi.json``.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import time
 from typing import Any
 
@@ -116,7 +119,42 @@ async def get_cluster(request: web.Request) -> web.Response:
         "cluster_id": next((a["cluster_id"] for a in answers if a["cluster_id"]), ""),
         "workers": views.workers, "nodes": sorted(nodes.values(), key=lambda n: n["node_id"]),
         "metadata": max((a.get("metadata") for a in answers if a.get("metadata")),
-                        key=lambda m: m["version"], default=None)})
+                        key=lambda m: m["version"], default=None),
+        # per node and summed, as of the last $SYS interval (the node's worker 0 has them)
+        "stats": next((a["stats"] for a in answers if a.get("stats")), {})})
+
+
+async def post_forget(request: web.Request) -> web.Response:
+    """Drop a node that is gone for good from this node's and the other nodes' members (they
+    stop dialing it); a node that links again later is a member again (docs/cluster.md)."""
+    views = _views(request)
+    node_id = request.match_info["node_id"]
+    state = (await views.ask("cluster")).get(views.index)
+    if state is None:
+        raise BadRequest("not a cluster node (no [cluster] section)")
+    if node_id == state["node_id"]:
+        raise BadRequest(f"{node_id!r} is this node: use POST /api/v1/cluster/leave")
+    if not any(node["node_id"] == node_id for node in state["nodes"]):
+        raise BadRequest(f"node {node_id!r} is not known here", 404)
+    if any(node["node_id"] == node_id and node["linked"] for node in state["nodes"]):
+        raise BadRequest(f"node {node_id!r} is linked: stop it first, or run "
+                         "meshmq cluster leave on it", 409)
+    await views.ask("forget", node_id=node_id)
+    return web.json_response({"forgotten": node_id})
+
+
+async def post_leave(request: web.Request) -> web.Response:
+    """This node leaves the cluster: the others drop it from their members, then it stops
+    (its supervisor gets SIGTERM, as from an operator: a clean stop, exit status 0)."""
+    views = _views(request)
+    state = (await views.ask("cluster")).get(views.index)
+    if state is None:
+        raise BadRequest("not a cluster node (no [cluster] section)")
+    await views.ask("forget", node_id=state["node_id"])
+    loop = asyncio.get_running_loop()
+    # (the answer goes out first; the FORGET frames are queued ahead of the links' close)
+    loop.call_later(0.2, os.kill, os.getppid(), signal.SIGTERM)
+    return web.json_response({"leaving": state["node_id"]})
 
 
 async def get_node(request: web.Request) -> web.Response:
@@ -422,6 +460,8 @@ def add_routes(app: web.Application) -> None:
     add.add_get("/api/v1/openapi.json", get_openapi)
     add.add_get("/api/v1/node", get_node)
     add.add_get("/api/v1/cluster", get_cluster)
+    add.add_post("/api/v1/cluster/forget/{node_id}", post_forget)
+    add.add_post("/api/v1/cluster/leave", post_leave)
     add.add_get("/api/v1/overview", get_overview)
     add.add_get("/api/v1/services", get_services)
     add.add_get("/api/v1/clients", get_clients)

@@ -66,7 +66,15 @@ SPEC: dict[str, Any] = {
             " in flight, service workers and round trip (mean, p50, p99)", PAGING, 400)},
         "/api/v1/cluster": {"get": _op("The cluster as this node sees it: the other nodes, how"
                                        " many of this node's workers are linked to each, and"
-                                       " whether any suspects it")},
+                                       " whether any suspects it; each node's figures and"
+                                       " the sums (stats)")},
+        "/api/v1/cluster/forget/{node_id}": {"post": _op(
+            "Drop a node that is gone for good: every node stops dialing it (it is a member"
+            " again if it links again)",
+            [_param("node_id", "path", "the node's id")], 400, 404, 409)},
+        "/api/v1/cluster/leave": {"post": _op(
+            "This node leaves the cluster: the others drop it, then it stops (exit 0)", [],
+            400)},
         "/api/v1/clients": {"get": _op(
             "Connected clients of every worker", [
                 _param("client_id", "query", "substring of the client id"),

@@ -21,6 +21,7 @@ from meshmq.broker.message import Message
 from meshmq.cluster.admin import QueryFailed
 from meshmq.cluster.metadata import members_of
 from meshmq.cluster.metarecords import assignment_of, controller_of
+from meshmq.cluster.nodestats import ClusterStatistics
 from meshmq.node.admin.collect import own_log, worker_samples
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class WorkerViews:
             "segments": lambda args: self.segments(args["partition"]),
             "cursors": lambda args: self.cursors(),
             "cluster": lambda args: self.cluster_view(),
+            "forget": lambda args: self.forget(args["node_id"]),
         }
 
     def answer(self, query: str, args: dict[str, Any]) -> Any:
@@ -66,8 +68,9 @@ class WorkerViews:
     def cluster_view(self) -> dict[str, Any] | None:
         """This worker's links to the other nodes (None: no cluster): for each node it knows,
         whether its own dialed link is up and whether it suspects it."""
-        links = self.cluster.nodes if self.cluster is not None else None
-        if links is None:
+        cluster = self.cluster
+        links = cluster.nodes if cluster is not None else None
+        if cluster is None or links is None:
             return None
         up = set(links.linked_nodes().values())
         suspected = {link.remote.hello.node_id for link in links.mesh.remote.values()
@@ -76,7 +79,15 @@ class WorkerViews:
                 "nodes": [{"node_id": node.node_id, "address": node.address,
                            "linked": node.node_id in up, "suspected": node.node_id in suspected}
                           for node in sorted(links.nodes.values(), key=lambda n: n.node_id)],
-                "counters": dict(links.counters), "metadata": self.metadata_view()}
+                "counters": dict(links.counters), "metadata": self.metadata_view(),
+                "stats": cluster.statistics.figures()
+                if isinstance(cluster.statistics, ClusterStatistics) else {}}
+
+    def forget(self, node_id: str) -> bool | None:
+        """This worker drops ``node_id`` and tells the other nodes (None: not a cluster node;
+        this node's own id: it is leaving, and the others drop it)."""
+        links = self.cluster.nodes if self.cluster is not None else None
+        return None if links is None else links.forget(node_id, spread=True)
 
     def metadata_view(self) -> dict[str, Any] | None:
         """The metadata as this worker's client mirrors it (None: no metadata voter, or not

@@ -1,0 +1,93 @@
+"""One connection per client id across the nodes of a cluster (MQTT-3.1.4-3).
+
+Theory of operation
+-------------------
+Inside a node, a CONNECT claims its client id's session from wherever it is held, and the
+connection holding it is closed with DISCONNECT 0x8E (cluster/directory.py). Across nodes,
+every CONNECT also tells the other nodes (``TAKEOVER``, over this worker's dialed links, with
+the wall time of the claim in nanoseconds); the worker that receives it passes it to its
+node's other workers, and each closes a connection of that client id whose own claim is
+*older* than the stamp, with DISCONNECT 0x8E ("session taken over"), as a broker must when a
+client id connects again (MQTT-3.1.4-3). Two CONNECTs of one id on two nodes at once: only the
+older one's connection is closed (the newer one ignores the older one's stamp). The stamps are
+the hosts' wall clocks: keep them in step (NTP), or a skew wider than the time between two
+CONNECTs of one id may close the newer one instead.
+
+Sessions do not move between nodes (docs/cluster.md, Limits): with Clean Start 1 the closed
+connection's session ends (its will, if any, is published as at any session end); with Clean
+Start 0 it stays on its node, offline, with its subscriptions and queue, until it expires or
+the client connects to that node again (the new node answers session present 0). Its will is
+published as after any lost connection (the session was not resumed, MQTT-3.1.3-9 does not
+apply).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from meshmq.broker.client import is_handle
+from meshmq.cluster.codec import FrameType, Takeover
+
+if TYPE_CHECKING:
+    from meshmq.broker.lifecycle import Lifecycle
+    from meshmq.broker.session import Session
+    from meshmq.cluster.directory import Directory
+    from meshmq.cluster.nodes import NodeLinks
+
+log = logging.getLogger("meshmq.directory")
+
+
+class NodeTakeover:
+    """One worker's part (module docstring)."""
+
+    def __init__(self, directory: Directory, links: NodeLinks, sessions: dict[str, Session],
+                 lifecycle: Lifecycle, now: Callable[[], float],
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        self.links = links
+        self.sessions = sessions
+        self.lifecycle = lifecycle
+        self.now = now  # the loop's time (a session's end)
+        self.clock = clock
+        self.counters = {"takeovers_sent": 0, "taken_over": 0}
+        # client id -> the stamp of its last CONNECT here: the two sides of a race compare
+        # the same kind of time (a claim's), so exactly one of them goes
+        self.claimed_at: dict[str, int] = {}
+        directory.on_claim = self._claimed_here
+        links.mesh.handle(FrameType.TAKEOVER, self._from_peer)
+        links.handlers[FrameType.TAKEOVER] = self._from_node
+
+    def _claimed_here(self, client_id: str, clean_start: bool) -> None:
+        stamp = self.clock()
+        claimed = self.claimed_at
+        claimed[client_id] = stamp
+        if len(claimed) > 2 * len(self.sessions) + 1024:  # forget those with no session here
+            self.claimed_at = {cid: at for cid, at in claimed.items() if cid in self.sessions}
+        frame = Takeover(client_id, clean_start, stamp).encode()
+        for peer in self.links.linked_nodes():
+            if self.links.mesh.send(peer, frame):
+                self.counters["takeovers_sent"] += 1
+
+    def _from_node(self, peer: int, frame: Takeover) -> None:
+        self._apply(frame)
+        self.links.mesh.broadcast(frame.encode())  # this node's other workers
+
+    def _from_peer(self, peer: int, frame: Takeover) -> None:
+        self._apply(frame)
+
+    def _apply(self, frame: Takeover) -> None:
+        session = self.sessions.get(frame.client_id)
+        if session is None:
+            return
+        client = session.client
+        if is_handle(client):
+            mine = self.claimed_at.get(frame.client_id, int(client.connected_at * 1e9))
+            if mine >= frame.stamp:
+                return  # newer than the CONNECT elsewhere: that one's connection goes
+            self.counters["taken_over"] += 1
+            log.info("connection taken over from another node client_id=%s", frame.client_id)
+            self.lifecycle.take_over(client)
+        if frame.clean_start and self.sessions.get(frame.client_id) is session:
+            self.lifecycle.end_session(session, self.now())
