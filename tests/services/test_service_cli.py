@@ -109,3 +109,38 @@ def test_sub_replays_history_with_log_positions(
     assert bad.returncode == 2 and "--from" in bad.stderr
     old = run("sub", "-p", port, "-t", "x", "-V", "311", "--positions")
     assert old.returncode == 2 and "--positions needs -V 5" in old.stderr
+
+
+def test_a_connection_ended_right_after_its_connack_is_no_start_failure(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    """``meshmq sub -C N --from earliest`` may get its N replayed messages, and disconnect, in
+    the network thread before the command's thread sees the CONNACK: that is a success (the
+    suite once failed here with 'closed before CONNACK'). Forced: the CONNACK handler
+    disconnects, and the command's thread wakes only once the connection is closed."""
+    import threading
+
+    from meshmq.cli import build_parser
+    from meshmq.clientlink import ClientLink
+
+    broker = broker_factory()
+    args = build_parser().parse_args(["sub", "-p", str(broker.port), "-t", "x"])
+    link = ClientLink(args)
+    accept = link.client.on_connect
+
+    def accept_then_end(*callback: object) -> None:
+        accept(*callback)
+        link.client.disconnect()  # what sub does once it has its -C messages
+
+    class WokenLate(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            link.closed.wait(timeout)
+            return super().wait(timeout)
+
+    link.client.on_connect = accept_then_end
+    link.connack = WokenLate()
+    link.connect()
+    try:
+        link.start()  # before the fix: ClientError("... closed before CONNACK")
+    finally:
+        link.client.loop_stop()
+    assert link.closed.is_set() and link.refusal is None
