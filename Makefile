@@ -42,8 +42,9 @@ demo: $(SPARK)
 	$(BIN)/meshmq pipeline demo
 
 ## Run the whole test suite: lint, type check, then pytest on 2 workers. The mosquitto clients are needed
-## by the interop tests, Chromium and its driver by the dashboard's browser tests (each skips
-## without them, saying why); installing them is best effort.
+## by the interop tests, Node.js with npm (and MQTT.js, installed by tests/mqttjs.py) by the MQTT.js
+## tests, Chromium and its driver by the dashboard's browser tests (each skips without them,
+## saying why); installing them is best effort.
 test: $(TEST)
 	@command -v mosquitto_pub >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -66,6 +67,16 @@ test: $(TEST)
 	    echo "note: chromium not installed; dashboard browser tests will be skipped"; \
 	  fi; \
 	}
+	@{ command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing nodejs npm"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends nodejs npm; } >/dev/null 2>&1 \
+	    || echo "note: could not install nodejs and npm; MQTT.js tests will be skipped"; \
+	  else \
+	    echo "note: node and npm not installed; MQTT.js tests will be skipped"; \
+	  fi; \
+	}; { command -v npm >/dev/null 2>&1 && $(BIN)/python tests/mqttjs.py; } || true
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q

@@ -1,7 +1,8 @@
 """Layers import downwards only (docs/architecture.md): checked on every module's imports.
 
 ``node/`` (the composition root) may import anything and only the command line imports it;
-``cluster/`` sits above the broker core and imports it; the core (``broker/``) never imports
+``cluster/`` sits above the broker core and imports it, and so does ``services/``, beside it
+(neither imports the other); the core (``broker/``) never imports
 ``cluster/`` or ``node/``: it defines the interfaces it needs instead (broker/interfaces.py).
 Inside ``broker/``, the core never imports ``broker/transport/`` (the asyncio glue above it):
 it sees a connection as its own ``ClientHandle`` (broker/client.py). The storage engines
@@ -31,6 +32,12 @@ FORBIDDEN = {
     "auth": {"broker", "cluster", "node", "log", "state", "pipeline", "services"},
     "broker": {"cluster", "node", "pipeline", "services"},
     "cluster": {"node", "pipeline", "services"},
+    # request/reply sits above the core beside cluster/: neither imports the other (node/ joins
+    # them: cluster/servicelinks.py carries the services' frames without naming services/)
+    "services": {"node", "pipeline", "cluster"},
+    # the asyncio client runs in applications: it needs the protocol and nothing of the broker
+    "client": {"broker", "cluster", "node", "log", "state", "auth", "pipeline", "config",
+               "services"},
     "pipeline": {"node", "cluster", "services"},
     "config": {"broker", "cluster", "node", "state", "pipeline", "services"},
 }

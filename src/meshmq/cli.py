@@ -1,4 +1,5 @@
-"""Command line: ``meshmq serve | pub | sub | passwd | log | state | cluster | pipeline | config``.
+"""Command line: ``meshmq serve | pub | sub | call | worker | passwd | log | state | cluster |
+pipeline | config``.
 
 Exit status 2 means bad usage or bad configuration (one line on stderr); ``serve`` otherwise
 returns what the broker returns.
@@ -19,6 +20,7 @@ from meshmq.clients import add_client_commands
 from meshmq.config import ConfigError, allowed_values, config_reference, load_config
 from meshmq.log.cli import add_log_command
 from meshmq.node.clustercli import add_cluster_command
+from meshmq.servicecli import add_service_commands
 from meshmq.state.cli import add_state_command
 
 # serve flag (argparse dest) -> configuration key it overrides
@@ -111,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     add_client_commands(commands)
+    add_service_commands(commands)
     add_passwd_command(commands)
     add_log_command(commands)
     add_state_command(commands)
@@ -153,6 +156,9 @@ def toml_value(value: object) -> str:
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, tuple):
         return "[" + ", ".join(json.dumps(item) for item in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{" + ", ".join(f"{json.dumps(name)} = {toml_value(item)}"
+                               for name, item in value.items()) + "}"
     return repr(value)
 
 

@@ -88,6 +88,7 @@ class ClientLink:
         self.connack = threading.Event()
         self.closed = threading.Event()
         self.refusal: Any = None
+        self.accepted = False  # a CONNACK took the connection
         self.close_reason: Any = None
         self.closed_by_broker = False  # a 5.0 DISCONNECT from the broker said why
         self.max_packet_size: int | None = None  # the broker's, from a 5.0 CONNACK
@@ -106,6 +107,8 @@ class ClientLink:
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         if reason.is_failure:
             self.refusal = reason
+        else:
+            self.accepted = True
         self.max_packet_size = getattr(props, "MaximumPacketSize", None)
         self.connack.set()
 
@@ -117,21 +120,24 @@ class ClientLink:
         self.connack.set()
 
     def connect(self, clean: bool = True, expiry: int | None = None,
-                receive_maximum: int | None = None) -> None:
-        """Open the connection (TLS and WebSocket handshakes included) and send CONNECT, or
-        raise ClientError.
+                receive_maximum: int | None = None,
+                user: list[tuple[str, str]] | None = None) -> None:
+        """Open the connection (TLS and WebSocket handshakes included) and send CONNECT (5.0:
+        with these user properties), or raise ClientError.
 
         Packets queued between this and ``start()`` follow CONNECT in that order.
         """
         try:
             if self.v5:
                 props = None
-                if expiry or receive_maximum:
+                if expiry or receive_maximum or user:
                     props = Properties(PacketTypes.CONNECT)
                     if expiry:
                         props.SessionExpiryInterval = expiry
                     if receive_maximum:
                         props.ReceiveMaximum = receive_maximum
+                    if user:
+                        props.UserProperty = user
                 self.client.connect(self.args.host, self.port, clean_start=clean,
                                     properties=props)
             else:
@@ -148,7 +154,9 @@ class ClientLink:
             raise ClientError(f"no CONNACK from {self.where} within {TIMEOUT:g} s")
         if self.refusal is not None:
             raise ClientError(f"connection refused: {self.refusal}")
-        if self.closed.is_set():
+        # Closed after a CONNACK that took it is no failure of start(): what followed the
+        # CONNACK may have ended it already (meshmq sub -C N with N replayed messages).
+        if self.closed.is_set() and not self.accepted:
             raise ClientError(f"connection to {self.where} closed before CONNACK")
 
     def check_size(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:

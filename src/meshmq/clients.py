@@ -21,7 +21,11 @@ import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
+from meshmq.broker.message import OFFSET_PROPERTY, PARTITION_PROPERTY, POSITIONS_PROPERTY
+from meshmq.broker.replay import REPLAY_PROPERTY, ReplayError, parse_replay
 from meshmq.clientlink import DEFAULT_WS_PATH, TIMEOUT, ClientError, ClientLink
 
 EXPIRY_NEVER = 0xFFFFFFFF
@@ -55,6 +59,14 @@ def add_client_commands(commands: Any) -> None:
     sub.add_argument("-x", "--session-expiry", type=_count(0, EXPIRY_NEVER), metavar="SECONDS",
                      help=f"session expiry interval, 5.0 only (default {EXPIRY_NEVER} with -c, "
                           "else 0)")
+    history = sub.add_argument_group("the commit log (5.0; docs/replay.md)")
+    history.add_argument("--from", dest="replay", metavar="WHERE", type=_replay_value,
+                         help="deliver the stored history first: 'earliest', a time "
+                              "(2026-11-23T10:00:00Z, or Unix milliseconds) or offsets "
+                              "(3=1200,5=17: partition 3 from offset 1200...)")
+    history.add_argument("--positions", action="store_true",
+                         help="print where each message is in the log, 'PARTITION:OFFSET ' "
+                              "before it ('-:-' for one that is not stored)")
     sub.set_defaults(run=_sub, parser=sub)
 
 
@@ -106,6 +118,23 @@ def _check_common(args: argparse.Namespace) -> None:
             fail("--ws-path needs --ws")
         if not args.ws_path.startswith("/"):
             fail(f"--ws-path must start with '/', got {args.ws_path!r}")
+
+
+def _replay_value(text: str) -> str:
+    """``--from``: the ``meshmq-replay`` value it asks for (checked as the broker would)."""
+    value = text.strip()
+    if value.lower() in ("earliest", "latest"):
+        replay = value.lower()
+    elif "=" in value:
+        replay = f"offsets:{value}"
+    else:
+        replay = f"timestamp:{value}"
+    try:
+        parse_replay(replay)
+    except ReplayError as error:
+        raise argparse.ArgumentTypeError(
+            f"expected earliest, a time or PARTITION=OFFSET,...: {error}") from None
+    return replay
 
 
 def _count(low: int, high: int | None = None) -> Any:
@@ -192,6 +221,9 @@ def _sub(args: argparse.Namespace) -> int:
         args.parser.error("-c/--persistent needs a client id (-i)")
     if args.session_expiry is not None and args.mqtt_version != "5":
         args.parser.error("-x/--session-expiry needs -V 5")
+    for flag, given in (("--from", args.replay), ("--positions", args.positions)):
+        if given and args.mqtt_version != "5":
+            args.parser.error(f"{flag} needs -V 5")
 
     # Messages are acknowledged only once printed, and with -C the DISCONNECT is queued right
     # after the last wanted message's acknowledgement (from the callback, so before anything
@@ -210,8 +242,11 @@ def _sub(args: argparse.Namespace) -> int:
         if finished.is_set():
             return
         text = msg.payload.decode("utf-8", errors="replace")
+        line = f"{msg.topic} {text}" if args.verbose else text
+        if args.positions:
+            line = f"{_position(msg)} {line}"
         try:
-            print(f"{msg.topic} {text}" if args.verbose else text, flush=True)
+            print(line, flush=True)
         except OSError:  # the reader went away (e.g. `| head -1`)
             _silence_stdout()
             finished.set()
@@ -237,9 +272,15 @@ def _sub(args: argparse.Namespace) -> int:
         expiry = EXPIRY_NEVER
     try:
         link.connect(clean=not args.persistent, expiry=expiry,
-                     receive_maximum=1 if args.count and args.qos == 2 else None)
+                     receive_maximum=1 if args.count and args.qos == 2 else None,
+                     user=[(POSITIONS_PROPERTY, "true")] if args.positions else None)
+        options = None
+        if args.replay is not None:
+            options = Properties(PacketTypes.SUBSCRIBE)
+            options.UserProperty = [(REPLAY_PROPERTY, args.replay)]
         try:  # queued before the network thread starts: SUBSCRIBE goes right after CONNECT
-            link.client.subscribe([(topic, args.qos) for topic in args.topic])
+            link.client.subscribe([(topic, args.qos) for topic in args.topic],
+                                  properties=options)
         except ValueError as exc:  # paho checks the topic filters
             raise ClientError(f"cannot subscribe: {exc}") from None
         link.start()
@@ -264,6 +305,12 @@ def _sub(args: argparse.Namespace) -> int:
     finally:
         link.close()
     return 0
+
+
+def _position(msg: mqtt.MQTTMessage) -> str:
+    """'PARTITION:OFFSET' from a message's log position user properties ('-:-': none)."""
+    pairs = dict(getattr(msg.properties, "UserProperty", None) or [])
+    return f"{pairs.get(PARTITION_PROPERTY, '-')}:{pairs.get(OFFSET_PROPERTY, '-')}"
 
 
 def _silence_stdout() -> None:

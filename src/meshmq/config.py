@@ -218,6 +218,21 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ServicesConfig:
+    """Request/reply through the broker (docs/services.md): every service's defaults, and
+    per-service overrides (``[services.service.NAME]``, checked key by key as these)."""
+
+    enabled: bool = True
+    timeout: float = 5.0
+    retries: int = 3
+    dedup_window: float = 60.0
+    no_responders: str = "wait"
+    max_wait: float = 5.0
+    dispatch: str = "round-robin"
+    service: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
@@ -231,13 +246,14 @@ class BrokerConfig:
     hooks: HooksConfig = field(default_factory=HooksConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    services: ServicesConfig = field(default_factory=ServicesConfig)
 
 
 _SECTIONS = {
     "server": ServerConfig, "mqtt": MQTTConfig, "session": SessionConfig, "auth": AuthConfig,
     "log": LogSettings, "limits": LimitsConfig, "tls": TLSConfig, "ws": WebSocketConfig,
     "wss": SecureWebSocketConfig, "hooks": HooksConfig, "admin": AdminConfig,
-    "cluster": ClusterConfig,
+    "cluster": ClusterConfig, "services": ServicesConfig,
 }
 
 
@@ -480,6 +496,63 @@ def _check_cluster(config: BrokerConfig) -> None:
                           " member, or leave it empty to start a cluster")
 
 
+# ---------------------------------------------------------------------- [services]
+
+_SERVICE_SETTINGS = ("timeout", "retries", "dedup_window", "no_responders", "max_wait",
+                     "dispatch")
+_SERVICE_NAME = re.compile(r"^[^/+#\x00]+$")
+
+
+def _check_per_service(value: dict[str, Any]) -> str:
+    """``[services.service.NAME]`` tables: a service name, then keys of ``[services]``
+    checked as there. The problem starts with what follows the key in the message (``.NAME.
+    setting: ...`` or ``: ...``)."""
+    for name, table in value.items():
+        if not _SERVICE_NAME.match(name):
+            return f": {_show(name)} is not a service name (one topic level, no wildcard)"
+        if not isinstance(table, dict):
+            return f".{name}: must be a table, got {_show(table)}"
+        for setting, setting_value in table.items():
+            if setting not in _SERVICE_SETTINGS:
+                return (f".{name}.{setting}: unknown setting (known: "
+                        f"{', '.join(_SERVICE_SETTINGS)})")
+            try:
+                table[setting] = _check(f"services.{setting}", setting_value)
+            except ConfigError as error:
+                return f".{name}.{str(error).removeprefix('services.')}"
+    return ""
+
+
+def _services_keys() -> dict[str, _Key]:
+    return {
+        "services.enabled": _Key(
+            bool, None, "request/reply through the broker on $service/NAME topics"
+            " (docs/services.md); false = those topics are ordinary topics"),
+        "services.timeout": _Key(
+            float, (0.0, None), "seconds a service worker has to reply to one attempt of a"
+            " request before it goes to another"),
+        "services.retries": _Key(
+            int, (0, 100), "attempts after the first before the caller gets an error reply"),
+        "services.dedup_window": _Key(
+            float, (0.0, None), "seconds a completed request's reply is remembered: a repeat"
+            " (same client id and correlation data) gets it instead of a second execution;"
+            " 0 = no deduplication", low_included=True),
+        "services.no_responders": _Key(
+            str, ("wait", "fail"), "with no service worker connected: wait (up to max_wait)"
+            " or fail at once with the error no-responders"),
+        "services.max_wait": _Key(
+            float, (0.0, None), "seconds a request waits for a service worker with free"
+            " credit before the error reply no-responders"),
+        "services.dispatch": _Key(
+            str, ("round-robin", "least-loaded"), "how a service worker is chosen among those"
+            " with free credit"),
+        "services.service": _Key(
+            dict, None, "per-service settings overriding the ones above: a table"
+            " [services.service.NAME] with any of timeout, retries, dedup_window,"
+            " no_responders, max_wait, dispatch", _check_per_service),
+    }
+
+
 def _admission_keys(section: str, listener: str) -> dict[str, _Key]:
     """The CIDR rules and connection limits every listener has."""
     return {
@@ -662,10 +735,11 @@ _KEYS: dict[str, _Key] = {
         " plain HTTP"),
     "admin.keyfile": _Key(str, None, "PEM private key of admin.certfile; empty = in certfile"),
     **_cluster_keys(),
+    **_services_keys(),
 }
 
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-               tuple: "an array of strings"}
+               tuple: "an array of strings", dict: "a table"}
 
 
 def _requirement(spec: _Key) -> str:
@@ -715,6 +789,15 @@ def _check(key: str, value: Any, from_text: bool = False) -> Any:
         problem = spec.check(value) if spec.check is not None else ""
         if problem:
             raise ConfigError(f"{key}: {problem}")
+        return value
+    if spec.kind is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: must be {_requirement(spec)}, got {_show(given)}")
+        value = {name: dict(table) if isinstance(table, dict) else table
+                 for name, table in value.items()}  # (checked copies: the file's stay as read)
+        problem = spec.check(value) if spec.check is not None else ""
+        if problem:
+            raise ConfigError(f"{key}{problem}")
         return value
     if from_text and spec.kind is not str and isinstance(value, str):
         value = _from_text(spec.kind, value)
@@ -863,6 +946,7 @@ __all__ = [
     "MQTTConfig",
     "SecureWebSocketConfig",
     "ServerConfig",
+    "ServicesConfig",
     "SessionConfig",
     "TLSConfig",
     "WebSocketConfig",

@@ -3,24 +3,22 @@
 MQTT.js resolves incoming topic aliases itself when it sends a Topic Alias Maximum, and treats
 an alias used before it was defined, or above its maximum, as a protocol error (it disconnects
 and emits ``error``). Optional: the test installs ``mqtt`` with npm into a cache directory under
-``~/.cache`` once, and skips with the reason if node, npm or the package cannot be had.
+``~/.cache`` once, and skips with the reason if node, npm or the package cannot be had
+(tests/mqttjs.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from mqttjs import mqttjs_dir
+
 pytestmark = pytest.mark.interop
 
-MQTTJS_VERSION = "5.16.0"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "meshmq-tests"
-INSTALL_TIMEOUT = 120
 RUN_TIMEOUT = 15
 
 SUBSCRIBER = r"""
@@ -44,26 +42,6 @@ client.on("message", (topic, payload, packet) => {
   }
 });
 """
-
-
-def mqttjs_dir() -> Path:
-    """A directory with ``node_modules/mqtt`` installed (cached), or skip the test."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are needed for the MQTT.js test")
-    directory = CACHE / f"mqttjs-{MQTTJS_VERSION}"
-    if not (directory / "node_modules" / "mqtt" / "package.json").exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        try:
-            result = subprocess.run(
-                ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(directory),
-                 f"mqtt@{MQTTJS_VERSION}"],
-                capture_output=True, text=True, timeout=INSTALL_TIMEOUT, check=False)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"npm install mqtt@{MQTTJS_VERSION} took over {INSTALL_TIMEOUT} s")
-        if result.returncode != 0:
-            pytest.skip(f"npm install mqtt@{MQTTJS_VERSION} failed: "
-                        f"{result.stderr.strip().splitlines()[-1:]}")
-    return directory
 
 
 def test_mqttjs_resolves_every_broker_alias(broker, client_factory, tmp_path):

@@ -24,7 +24,7 @@ from meshmq.broker.interfaces import (
     StoredElsewhere,
     Unknown,
 )
-from meshmq.broker.local import LocalRetained
+from meshmq.broker.local import LocalRetained, NoServices
 from meshmq.broker.message import OFFSET_PROPERTY, PARTITION_PROPERTY, Message
 from meshmq.broker.publishes import Publishes
 from meshmq.broker.retained import RetainedStore
@@ -152,6 +152,7 @@ class Host:
         self.router = Router(self.sessions)
         self.acl = None
         self.events = None
+        self.services = NoServices()  # no request/reply layer: $service/ topics are ordinary
         self.persistence = log
         self.retained = LocalRetained(RetainedStore(), Journal(), self.loop.time)
         self.counters = Counters()

@@ -54,6 +54,11 @@ from meshmq.cluster.codec import (
     Retained,
     RetainSync,
     Routes,
+    ServiceOffer,
+    ServiceReplied,
+    ServiceReply,
+    ServiceRequest,
+    ServiceSync,
     Settled,
     Stats,
     Sync,
@@ -97,7 +102,7 @@ def feed_all(chunks: Iterable[bytes]) -> list[tuple[int, bytes]]:
 
 def messages_in(frame: object) -> list[bytes]:
     """The message bodies a frame carries (each decoded by whoever handles the frame)."""
-    if isinstance(frame, Forward | Retain | Deliver):
+    if isinstance(frame, Forward | Retain | Deliver | ServiceRequest | ServiceReply):
         return [frame.message]
     if isinstance(frame, Append):
         return [body for _, _, _, _, body in frame.entries]
@@ -195,6 +200,25 @@ CASES: list[tuple[object, bytes, bool]] = [
     (Forget("n-é"), text_bytes("n-é"), True),
     (ForwardAck(2**64 - 1), u("Q", 2**64 - 1), True),
     (Takeover("c-é", True, 2**64 - 1), text_bytes("c-é") + u("BQ", 1, 2**64 - 1), True),
+    (ServiceOffer("billing", "w-é", 2**64 - 1, 10),
+     text_bytes("billing") + text_bytes("w-é") + u("QI", 2**64 - 1, 10), True),
+    (ServiceSync([("s", "w1", 3, 5, [("2-17", 0), ("2-18", 4)]), ("t", "w2", 4, 1, [])]),
+     u("I", 2) + text_bytes("s") + text_bytes("w1") + u("QII", 3, 5, 2) + text_bytes("2-17")
+     + u("I", 0) + text_bytes("2-18") + u("I", 4) + text_bytes("t") + text_bytes("w2")
+     + u("QII", 4, 1, 0), True),
+    (ServiceRequest("s", "w1", 9, "3-4", 2, True, MESSAGE_BODY),
+     text_bytes("s") + text_bytes("w1") + u("Q", 9) + text_bytes("3-4") + u("IB", 2, 1)
+     + MESSAGE_BODY, False),
+    (ServiceReply(5, "s", "3-4", "w1", -1, None, PLAIN_BODY),
+     u("Q", 5) + text_bytes("s") + text_bytes("3-4") + text_bytes("w1") + u("IB", 0, 0)
+     + PLAIN_BODY, False),
+    (ServiceReply(6, "", "3-5", "w2", 3, ("r/é", b"\x00\x01"), MESSAGE_BODY),
+     u("Q", 6) + text_bytes("") + text_bytes("3-5") + text_bytes("w2") + u("IB", 4, 2)
+     + text_bytes("r/é") + blob_bytes(b"\x00\x01") + MESSAGE_BODY, False),
+    (ServiceReply(7, "s", "3-6", "w2", 0, ("r", None), PLAIN_BODY),
+     u("Q", 7) + text_bytes("s") + text_bytes("3-6") + text_bytes("w2") + u("IB", 1, 1)
+     + text_bytes("r") + PLAIN_BODY, False),
+    (ServiceReplied(8, "accepted"), u("Q", 8) + text_bytes("accepted"), True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -248,7 +272,8 @@ def test_truncated_bodies_and_trailing_bytes(case: tuple[object, bytes, bool]) -
 def test_which_frames_check_their_end() -> None:
     """Exactly the frames that end with a message body run to the end of the frame."""
     open_ended = {TYPE_OF[type(frame)] for frame, _, checks_end in CASES if not checks_end}
-    assert open_ended == {FrameType.FORWARD, FrameType.RETAIN, FrameType.DELIVER}
+    assert open_ended == {FrameType.FORWARD, FrameType.RETAIN, FrameType.DELIVER,
+                          FrameType.SERVICE_REQUEST, FrameType.SERVICE_REPLY}
     for frame, _, checks_end in CASES:
         assert checks_end == ("message" not in {f.name for f in dataclasses.fields(frame)})  # type: ignore[arg-type]
 
@@ -306,6 +331,17 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
                                     st.dictionaries(unicode_text, u64s, max_size=4)),
     FrameType.RETAIN_SYNC: st.builds(RetainSync, st.lists(st.tuples(
         unicode_text, u64s, unicode_text, st.none() | bodies), max_size=3)),
+    FrameType.SERVICE_OFFER: st.builds(ServiceOffer, unicode_text, unicode_text, u64s, u32s),
+    FrameType.SERVICE_SYNC: st.builds(ServiceSync, st.lists(st.tuples(
+        unicode_text, unicode_text, u64s, u32s,
+        st.lists(st.tuples(unicode_text, u32s), max_size=3)), max_size=3)),
+    FrameType.SERVICE_REQUEST: st.builds(ServiceRequest, unicode_text, unicode_text, u64s,
+                                         unicode_text, u32s, st.booleans(), bodies),
+    FrameType.SERVICE_REPLY: st.builds(ServiceReply, u64s, unicode_text, unicode_text,
+                                       unicode_text, st.integers(-1, 2**32 - 2),
+                                       st.none() | st.tuples(unicode_text,
+                                                             st.none() | bodies), bodies),
+    FrameType.SERVICE_REPLIED: st.builds(ServiceReplied, u64s, unicode_text),
 }
 any_frame = st.sampled_from(list(FrameType)).flatmap(lambda t: FRAME_STRATEGIES[t])
 

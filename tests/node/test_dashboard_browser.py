@@ -2,7 +2,7 @@
 workers carrying live traffic. It logs in with the key, checks the figures it shows against the
 API, kicks a client from the page (the client gets DISCONNECT 0x98; the row under the pointer
 is not redrawn by the page's polling while it is steady), and saves a screenshot in
-which the rate chart must have drawn its line.
+which the rate chart must have drawn its line; the Services tab shows a service's figures.
 
 Skipped, saying why, without chromium and chromedriver (Debian: ``chromium``,
 ``chromium-driver``; ``make test`` installs them when it can)."""
@@ -167,3 +167,46 @@ def test_dashboard_in_chromium(broker_factory, client_factory, browser, tmp_path
         assert ids == {"dash-sub", "dash-pub", "dash-victim-late"}
     finally:
         traffic.stop()
+
+
+def test_services_tab_in_chromium(broker_factory, client_factory, browser) -> None:
+    """The Services tab shows each service's figures as GET /api/v1/services has them."""
+    from paho.mqtt.packettypes import PacketTypes
+    from selenium.webdriver.common.by import By
+
+    from conftest import props
+
+    driver = browser
+    broker = broker_factory(ADMIN + '[log]\nfsync = "interval"\n', workers=2)
+    worker = client_factory("dash-sw")
+    worker.connect(broker.port)
+
+    def serve(client, userdata, message) -> None:
+        answer = props(PacketTypes.PUBLISH, CorrelationData=message.properties.CorrelationData)
+        client.publish(message.properties.ResponseTopic, b"ok", qos=1, properties=answer)
+
+    worker.paho.on_message = serve
+    worker.subscribe("$service/dash", qos=1)
+    caller = client_factory("dash-caller")
+    caller.connect(broker.port)
+    caller.subscribe("reply/dash", qos=1)
+    for number in range(3):
+        caller.publish("$service/dash", b"job", qos=1, properties=props(
+            PacketTypes.PUBLISH, ResponseTopic="reply/dash", CorrelationData=bytes([number])))
+    for _ in range(3):
+        caller.expect()
+
+    driver.get(f"http://127.0.0.1:{broker.port_of('admin')}/")
+    wait_for(lambda: driver.find_element(By.ID, "key").is_displayed(), what="the login")
+    driver.find_element(By.ID, "key").send_keys(KEY)
+    driver.find_element(By.ID, "login-button").click()
+    wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "#tabs [data-tab=services]")
+             .is_displayed(), BROWSER_WAIT, "the tabs")
+    driver.find_element(By.CSS_SELECTOR, "#tabs [data-tab=services]").click()
+    row = "#services-table tr[data-service='dash']"
+    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, row), BROWSER_WAIT, "the row")
+    api = get(broker, "/api/v1/services")["data"][0]
+    cells = [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, f"{row} td")]
+    assert cells[:8] == ["dash", "1", "3", "3", "0", "0", "0", "0"], cells
+    assert (api["requests"], api["replies"], api["workers"]) == (3, 3, 1)
+    assert cells[9].endswith(" ms") and cells[10].endswith(" ms")  # mean and p50

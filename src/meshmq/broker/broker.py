@@ -19,7 +19,9 @@ What lies beyond this router it reaches only through the interfaces of broker/in
 ``peers`` (the node's other routers), ``persistence`` (the commit log's partitions),
 ``retained`` (retained messages), ``directory`` (where sessions are) and ``statistics``
 (``$SYS`` totals). A new broker has the single-process versions (broker/local.py); a worker of
-a node of several is given the cluster's (``use``, from cluster/workers.py).
+a node of several is given the cluster's (``use``, from cluster/workers.py). Request/reply
+(``services``: the ``$service/`` topics and replies) is a layer above the core given to it by
+the composition root (``use_services``, node/server.py); without it those topics are ordinary.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from meshmq.broker.counters import Counters
 from meshmq.broker.deadlines import KeepAliveWheel, WheelTimer
 from meshmq.broker.keeper import StateKeeper
 from meshmq.broker.lifecycle import Lifecycle
-from meshmq.broker.local import LocalDirectory, LocalRetained, LocalStatistics
+from meshmq.broker.local import LocalDirectory, LocalRetained, LocalStatistics, NoServices
 from meshmq.broker.message import Message
 from meshmq.broker.persistence import Persistence
 from meshmq.broker.publishes import Publishes
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
         PartitionLog,
         Peers,
         RetainedMessages,
+        Services,
         SessionDirectory,
     )
     from meshmq.config import BrokerConfig
@@ -105,6 +108,7 @@ class Broker:
         self.directory: SessionDirectory = LocalDirectory()
         self.statistics_sink: NodeStatistics = LocalStatistics()
         self.events: BrokerEvents | None = None  # webhooks (node/webhooks.py), when configured
+        self.services: Services = NoServices()  # request/reply (services/), when wired
         self.sys_topics = SysTopics(self, config.mqtt.sys_interval)
         self.connect_limiter = ConnectRateLimiter.from_config(config.limits, loop.time())
         self.shutting_down = False
@@ -143,6 +147,10 @@ class Broker:
         self.retained = retained
         self.directory = directory
         self.statistics_sink = statistics
+
+    def use_services(self, services: Services) -> None:
+        """The services layer (services/) owns the ``$service/`` topics; before ``start``."""
+        self.services = services
 
     def start(self) -> None:
         """Restore the stored sessions and retained messages; then tune the GC."""

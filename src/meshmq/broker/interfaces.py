@@ -14,6 +14,9 @@ so the core has no "am I alone?" branches.
 * ``NodeStatistics``: the node-wide totals ``$SYS`` publishes.
 * ``BrokerEvents``: who hears of clients coming and going and of publishes (webhooks,
   node/webhooks.py); optional: a broker without one pays a single ``is None`` test.
+* ``Services``: request/reply through the broker (``$service/...``, services/): the service
+  topics' publishes and subscriptions, connections ending, and the publishes that are replies
+  (asked only while replies are awaited here).
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from meshmq.broker.client import ClientHandle
     from meshmq.broker.message import Message
     from meshmq.broker.session import Session
     from meshmq.log.record import Record
+    from meshmq.mqtt.packets import Publish, SubscriptionOptions
+    from meshmq.mqtt.properties import Properties
 
 SharedKey = tuple[str, str]  # (share name, topic filter)
 Done = Callable[[], None]
@@ -216,3 +222,39 @@ class BrokerEvents(Protocol):
     def statistics(self) -> dict[str, int]:
         """Counters for ``$SYS``: ``sent_events``, ``failed_posts``, ``dropped_queue_full``
         and ``dropped_after_retries`` at least."""
+
+
+# ---------------------------------------------------------------------- services
+
+
+class Services(Protocol):
+    """Request/reply through the broker (docs/services.md): the ``$service/`` topics belong to
+    the services layer (services/), which also recognises replies. Every call returns at once;
+    what the layer takes it answers later (PUBACK, SUBACK codes, error replies)."""
+
+    expecting: bool  # replies are awaited on this router: its publishes are offered to ``reply``
+
+    def request(self, client: ClientHandle, packet: Publish) -> bool:
+        """A PUBLISH on a ``$service/`` topic, before any other check: True if the layer took
+        it (it checks, persists and acknowledges it, ``Publishes.persist``); False: an
+        ordinary publish."""
+
+    def reply(self, client: ClientHandle, packet: Publish, message: Message) -> bool:
+        """While ``expecting``: a PUBLISH that passed the ACL. True if it is a reply (taken:
+        the layer acknowledges it once the request is complete); False: an ordinary one."""
+
+    def stored(self, message: Message) -> bool:
+        """A ``$service/`` message stored in a partition this router leads, about to be
+        routed: True if the layer took it instead (a request for the service's dispatcher)."""
+
+    def subscribe(self, client: ClientHandle, topic_filter: str, options: SubscriptionOptions,
+                  subscription_id: int | None, properties: Properties) -> int | None:
+        """A SUBSCRIBE filter on ``$service/``: its SUBACK reason code (the layer took it: an
+        offer, not a route), or None: an ordinary subscription."""
+
+    def unsubscribe(self, client: ClientHandle, topic_filter: str) -> bool | None:
+        """An UNSUBSCRIBE filter on ``$service/``: whether an offer was withdrawn, or None:
+        an ordinary filter."""
+
+    def connection_lost(self, client: ClientHandle) -> None:
+        """``client``'s connection ended (or was taken over): its offers end."""

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from meshmq.auth.acl import AccessControl
     from meshmq.broker.counters import Counters
-    from meshmq.broker.interfaces import BrokerEvents, PartitionLog, SessionDirectory
+    from meshmq.broker.interfaces import BrokerEvents, PartitionLog, Services, SessionDirectory
     from meshmq.broker.keeper import StateKeeper
     from meshmq.broker.publishes import Publishes
     from meshmq.broker.router import Router
@@ -75,6 +75,7 @@ class LifecycleHost(Protocol):
     directory: SessionDirectory
     keeper: StateKeeper
     events: BrokerEvents | None  # webhooks, when configured
+    services: Services  # request/reply: a connection's offers end with it
     counters: Counters
     shutting_down: bool  # a clean stop: no wills
 
@@ -274,6 +275,7 @@ class Lifecycle:
         """The connection is gone (or taken over): detach, schedule will and expiry."""
         broker = self.broker
         broker.clients.pop(client, None)
+        broker.services.connection_lost(client)
         session = client.session
         if session is None or session.client is not client:
             return  # never connected, or already lost (taken over): logged then

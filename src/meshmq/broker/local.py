@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Protocol
 from meshmq.broker.message import SYS_PREFIX
 
 if TYPE_CHECKING:
+    from meshmq.broker.client import ClientHandle
     from meshmq.broker.interfaces import Done, Kept, SharedKey
     from meshmq.broker.message import Message
     from meshmq.broker.retained import RetainedStore
     from meshmq.broker.session import Session
+    from meshmq.mqtt.packets import Publish, SubscriptionOptions
+    from meshmq.mqtt.properties import Properties
 
 
 class LocalPeers:
@@ -111,3 +114,29 @@ class LocalStatistics:
 
     def complete(self) -> bool:
         return True
+
+
+class NoServices:
+    """No services layer (services.enabled = false, or a broker built without one): the
+    ``$service/`` topics are ordinary topics and nothing is a reply."""
+
+    expecting = False
+
+    def request(self, client: ClientHandle, packet: Publish) -> bool:
+        return False
+
+    def reply(self, client: ClientHandle, packet: Publish, message: Message) -> bool:
+        return False
+
+    def stored(self, message: Message) -> bool:
+        return False
+
+    def subscribe(self, client: ClientHandle, topic_filter: str, options: SubscriptionOptions,
+                  subscription_id: int | None, properties: Properties) -> int | None:
+        return None
+
+    def unsubscribe(self, client: ClientHandle, topic_filter: str) -> bool | None:
+        return None
+
+    def connection_lost(self, client: ClientHandle) -> None:
+        pass

@@ -34,6 +34,7 @@ PARTITION_PROPERTY = "meshmq-partition"
 OFFSET_PROPERTY = "meshmq-offset"
 POSITIONS_PROPERTY = "meshmq-positions"
 SYS_PREFIX = "$SYS/"  # the broker's own topics: not client traffic, not client retained messages
+SERVICE_PREFIX = "$service/"  # request/reply topics: they belong to the services layer (Services)
 
 
 class PositionsRequestError(ValueError):

@@ -25,6 +25,13 @@ the log does not hold. Other publishes are routed at once. A retained publish is
 retained (``RetainedMessages.keep``) after routing, and acknowledged once that is durable.
 Inbound QoS 2 uses "method B" (spec 4.3.3): routed at PUBLISH, its packet id remembered until
 PUBREL, so a resent PUBLISH is acknowledged, not routed again.
+
+Request/reply (``Services``, broker/interfaces.py): a publish on a ``$service/`` topic goes to
+the services layer before any other check (it persists and acknowledges requests with
+``persist``); a stored ``$service/`` message is handed to it instead of being routed
+(``_route_message``); and while replies are awaited on this router (``services.expecting``)
+every publish that passed the ACL is offered to it as a possible reply. Otherwise the cost is
+one prefix test and one attribute test per publish.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from meshmq.broker.interfaces import (
     StoredElsewhere,
     Unknown,
 )
-from meshmq.broker.message import Message
+from meshmq.broker.message import SERVICE_PREFIX, Message
 from meshmq.mqtt.packets import MQTT_5, Puback, Pubcomp, Publish, Pubrec, Pubrel
 from meshmq.mqtt.reason_codes import ReasonCode
 
@@ -52,7 +59,7 @@ if TYPE_CHECKING:
     from meshmq.auth.acl import AccessControl
     from meshmq.broker.client import ClientHandle
     from meshmq.broker.counters import Counters
-    from meshmq.broker.interfaces import BrokerEvents, RetainedMessages
+    from meshmq.broker.interfaces import BrokerEvents, RetainedMessages, Services
     from meshmq.broker.router import Router
 
 log = logging.getLogger("meshmq.broker")
@@ -67,6 +74,7 @@ class PublishHost(Protocol):
     events: BrokerEvents | None  # webhooks, when configured
     persistence: PartitionLog | None  # the commit log, when it is on
     retained: RetainedMessages
+    services: Services  # request/reply: the $service/ topics and replies
     counters: Counters
 
     def protocol_violation(self, client: ClientHandle, code: int, why: str) -> None:
@@ -91,41 +99,69 @@ class Publishes:
                 conn.send_pubrec(packet.packet_id)  # resend of a message already routed
             return  # (a pending one is acknowledged when its append completes)
         broker = self.broker
+        services = broker.services
+        if packet.topic.startswith(SERVICE_PREFIX) and services.request(client, packet):
+            return  # a request (or a reply by its topic): the services layer answers it
         acl = broker.acl
         if acl is not None and not acl.can_publish(session.username, session.client_id,
                                                    packet.topic):
-            return self._denied(client, packet)
+            return self.denied(client, packet)
         now = self.loop.time()
         message = Message(
             packet.topic, packet.payload, qos, packet.retain, packet.properties,
             session.client_id, now,
         )
+        if services.expecting and services.reply(client, packet, message):
+            return  # a reply: acknowledged once its request is complete
+        self.publish_message(client, packet, message, now)
+
+    def publish_message(self, client: ClientHandle, packet: Publish, message: Message,
+                        now: float) -> None:
+        """A publish that passed its checks: into the log if persisted, routed, acknowledged
+        (also what the services layer does with a publish that turned out not to be a reply)."""
+        broker = self.broker
         events = broker.events
         if events is not None:
-            events.published(message, session.username)
+            session = client.session
+            events.published(message, None if session is None else session.username)
         persistence = broker.persistence
-        if persistence is not None and persistence.wants(packet.topic, qos):
+        if persistence is not None and persistence.wants(packet.topic, packet.qos):
             return self._persist(client, packet, message, persistence)
         self._route_and_ack(client, packet, message, now)
+
+    def persist(self, client: ClientHandle, packet: Publish, message: Message) -> None:
+        """Append ``message`` (built for ``packet``) to the log whatever ``log.persist_filters``
+        says, then acknowledge ``packet`` as for any persisted publish (the services layer's
+        requests: their dispatcher gets them as they are routed, ``Services.stored``)."""
+        persistence = self.broker.persistence
+        assert persistence is not None  # the services layer refuses requests without a log
+        self._persist(client, packet, message, persistence)
+
+    def _route_message(self, message: Message, now: float) -> int:
+        """Route ``message``; a stored ``$service/`` one goes to the services layer instead
+        (a request for its dispatcher, which this router is: it leads its partition)."""
+        if message.topic.startswith(SERVICE_PREFIX) and self.broker.services.stored(message):
+            return 1
+        return self.router.publish(message, now)
 
     def _route_and_ack(
         self, client: ClientHandle, packet: Publish, message: Message, now: float
     ) -> None:
-        receivers = self.router.publish(message, now)
+        receivers = self._route_message(message, now)
         qos = packet.qos
         if message.retain:  # the retained store changes: acknowledge once that is on disk
             self.broker.retained.keep(message, partial(
                 self._retained_kept, client, packet, receivers) if qos else None)
             return
         if qos:
-            self._acknowledge(client, packet, receivers)
+            self.acknowledge(client, packet, receivers)
 
     def _retained_kept(self, client: ClientHandle, packet: Publish, receivers: int,
                        failure: Refused | Unknown | None) -> None:
         """A retained publish was routed; its store answered: acknowledged only if stored
         (a store that is down refuses it; one that did not answer is an unknown outcome)."""
         if failure is None:
-            return self._acknowledge(client, packet, receivers)
+            return self.acknowledge(client, packet, receivers)
         if isinstance(failure, Unknown):
             return self._outcome_unknown(client, packet, failure)
         session = client.session
@@ -133,10 +169,10 @@ class Publishes:
         log.warning("retained message not stored client_id=%s topic=%r: %s",
                     client.client_id, packet.topic, failure.why)
         if not client.gone and session.client is client:
-            self._refuse(client, packet, failure.reason_code, "retained message not stored")
+            self.refuse(client, packet, failure.reason_code, "retained message not stored")
             client.wake()
 
-    def _acknowledge(self, client: ClientHandle, packet: Publish, receivers: int) -> None:
+    def acknowledge(self, client: ClientHandle, packet: Publish, receivers: int) -> None:
         if client.gone:
             return  # the publisher resends (DUP) on its next connection
         conn = client.conn
@@ -171,21 +207,21 @@ class Publishes:
             if isinstance(outcome, StoredElsewhere):  # its leader stored and routed it
                 receivers = outcome.receivers + self._deliver_here(message, outcome)
                 if attached:
-                    self._acknowledge(client, packet, receivers)
+                    self.acknowledge(client, packet, receivers)
                 return
             self._stored(persistence, message, outcome)
             if attached:
                 self._route_and_ack(client, packet, message, self.loop.time())
                 client.wake()
             else:  # the publisher left: route anyway (it is durable), its resend acks itself
-                self.router.publish(message, self.loop.time())
+                self._route_message(message, self.loop.time())
 
         message_id = session.take_uncertain(packet_id, packet.dup) if (
             session.uncertain and packet_id is not None) else None
         if not persistence.append(message, session.client_id, durable, message_id):
             session.qos2_durable(packet.packet_id)
             session.release_qos2(packet.packet_id)
-            self._refuse(client, packet, ReasonCode.QUOTA_EXCEEDED, "log queue full")
+            self.refuse(client, packet, ReasonCode.QUOTA_EXCEEDED, "log queue full")
 
     def _outcome_unknown(self, client: ClientHandle, packet: Publish,
                          outcome: Unknown) -> None:
@@ -229,7 +265,7 @@ class Publishes:
         persistence = self.broker.persistence
         assert persistence is not None  # it was stored by this router's log
         self._stored(persistence, message, outcome)
-        receivers = self.router.publish(message, self.loop.time())
+        receivers = self._route_message(message, self.loop.time())
         if message.retain:  # (stored here: this router owns the topic, cluster/leaders.py)
             self.broker.retained.keep(message, lambda failure: done(receivers))
         else:
@@ -260,7 +296,7 @@ class Publishes:
         self._route(message)
 
     def _route(self, message: Message) -> None:
-        self.router.publish(message, self.loop.time())
+        self._route_message(message, self.loop.time())
         if message.retain:
             self.broker.retained.keep(message, None)
 
@@ -275,10 +311,10 @@ class Publishes:
         assert session is not None  # handlers run after CONNECT set it
         session.release_qos2(packet.packet_id)
         if not client.gone:
-            self._refuse(client, packet, outcome.reason_code, "log failure")
+            self.refuse(client, packet, outcome.reason_code, "log failure")
             client.wake()
 
-    def _refuse(self, client: ClientHandle, packet: Publish, code: int, why: str) -> None:
+    def refuse(self, client: ClientHandle, packet: Publish, code: int, why: str) -> None:
         """5.0: a negative PUBACK/PUBREC; 3.1.1 cannot say no, so the connection is closed."""
         self.broker.counters.refused_publishes += 1
         if client.conn.version != MQTT_5:
@@ -291,7 +327,7 @@ class Publishes:
         else:
             client.conn.send_pubrec(packet_id, code)
 
-    def _denied(self, client: ClientHandle, packet: Publish) -> None:
+    def denied(self, client: ClientHandle, packet: Publish) -> None:
         """5.0: acknowledge with 0x87; 3.1.1 has no way to say no: acknowledge and drop."""
         self.broker.counters.acl_denied += 1
         log.info("publish denied client_id=%s topic=%r", client.client_id, packet.topic)

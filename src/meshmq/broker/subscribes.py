@@ -15,6 +15,10 @@ router at once. Then:
 * the SUBACK waits until the subscriptions of a persistent session are journaled and every
   peer routes according to them (``Peers.barrier``: nothing to wait for on a single router),
   so that after a SUBACK a publish anywhere reaches the new subscription.
+
+A filter on ``$service/`` is first offered to the services layer (``Services.subscribe``): a
+service worker's offer is not a route, and its reason code is the layer's. The SUBACK still
+waits for the barrier, so the offer has reached the service's dispatcher when it is sent.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
+from meshmq.broker.message import SERVICE_PREFIX
 from meshmq.broker.replay import (
     REPLAY_PROPERTY,
     ReplayError,
@@ -46,7 +51,7 @@ if TYPE_CHECKING:
     from meshmq.auth.acl import AccessControl
     from meshmq.broker.client import ClientHandle
     from meshmq.broker.counters import Counters
-    from meshmq.broker.interfaces import PartitionLog, Peers, RetainedMessages
+    from meshmq.broker.interfaces import PartitionLog, Peers, RetainedMessages, Services
     from meshmq.broker.keeper import StateKeeper
     from meshmq.broker.message import Message
     from meshmq.broker.router import Router
@@ -68,6 +73,7 @@ class SubscribeHost(Protocol):
     persistence: PartitionLog | None  # the commit log, when it is on
     retained: RetainedMessages
     keeper: StateKeeper  # journals a persistent session's subscriptions
+    services: Services  # request/reply: offers on $service/ filters
     counters: Counters
 
     @property
@@ -107,7 +113,15 @@ class Subscribes:
             refused = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
             client.conn.send_suback(packet.packet_id, [refused] * len(packet.subscriptions))
             return
+        offers: list[str] = []
         for topic_filter, options in packet.subscriptions:
+            if topic_filter.startswith(SERVICE_PREFIX):
+                offered = broker.services.subscribe(client, topic_filter, options, sub_id,
+                                                    packet.properties)
+                if offered is not None:  # a service worker's offer, not a route
+                    codes.append(offered)
+                    offers.append(topic_filter)
+                    continue
             code = self._check(client, session, topic_filter, options.no_local)
             if code is None:
                 return  # a protocol violation: the connection is closed
@@ -145,7 +159,7 @@ class Subscribes:
                 session.pump(self.loop.time())
             client.wake()
 
-        filters = [f for f, _ in packet.subscriptions]
+        filters = [f for f, _ in packet.subscriptions if f not in offers]
         journaled = partial(broker.keeper.subscriptions, session, filters)
         if any(code < 0x80 for code in codes):
             _after_both(stored, journaled, broker.peers.barrier)()
@@ -308,7 +322,16 @@ class Subscribes:
         session = client.session
         assert session is not None  # handlers run after CONNECT set it
         codes: list[int] = []
+        services = self.broker.services
+        routes: list[str] = []  # the filters that are not offers: journaled
         for topic_filter in packet.topic_filters:
+            if topic_filter.startswith(SERVICE_PREFIX):
+                withdrawn = services.unsubscribe(client, topic_filter)
+                if withdrawn is not None:  # an offer ends
+                    codes.append(ReasonCode.SUCCESS if withdrawn
+                                 else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+                    continue
+            routes.append(topic_filter)
             try:
                 validate_topic_filter(topic_filter, self.broker.config.mqtt.max_topic_levels)
             except RemoteProtocolError:
@@ -323,7 +346,7 @@ class Subscribes:
                 client.conn.send_unsuback(packet.packet_id, codes)
                 client.wake()
 
-        self.broker.keeper.subscriptions(session, list(packet.topic_filters), stored)
+        self.broker.keeper.subscriptions(session, routes, stored)
 
 
 def _after_both(done: Callable[[], None], first: Callable[[Callable[[], None]], None],

@@ -70,6 +70,11 @@ class FrameType(IntEnum):
     FORGET = 29  # a node left the cluster (or is gone for good): stop dialing it, drop it
     TAKEOVER = 30  # a client id connected on the sender's node: close older connections of it
     FORWARD_ACK = 31  # the count of FORWARD and RETAIN_SYNC frames handled on this link
+    SERVICE_OFFER = 32  # to a service's dispatcher: a service worker here offers it (or not)
+    SERVICE_SYNC = 33  # on each link: every offer here for the receiver's services, and holdings
+    SERVICE_REQUEST = 34  # from a dispatcher: an attempt for a service worker connected there
+    SERVICE_REPLY = 35  # to a dispatcher: a service worker's reply (answered: SERVICE_REPLIED)
+    SERVICE_REPLIED = 36  # answer to SERVICE_REPLY: what the reply turned out to be
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -898,10 +903,164 @@ class RetainSync:
         return cls(entries)
 
 
+# ---------------------------------------------------------------------- services
+#
+# Request/reply between the worker processes of a node (services/layer.py): a service worker
+# is connected to one process, its service dispatched by the leader of the service's partition.
+
+ServiceHolding = list[tuple[str, int]]  # (request id, retry) a service worker holds
+ServiceOfferEntry = tuple[str, str, int, int, ServiceHolding]  # service, client, serial, credit
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceOffer:
+    """To a service's dispatcher: service worker ``client_id`` (offer ``serial``) offers
+    ``service`` with ``capacity`` requests at once (0: withdrawn)."""
+
+    service: str
+    client_id: str
+    serial: int
+    capacity: int
+
+    def encode(self) -> bytes:
+        return (Writer().text(self.service).text(self.client_id).u64(self.serial)
+                .u32(self.capacity).frame(FrameType.SERVICE_OFFER))
+
+    @classmethod
+    def decode(cls, body: bytes) -> ServiceOffer:
+        reader = Reader(body)
+        frame = cls(reader.text(), reader.text(), reader.u64(), reader.u32())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSync:
+    """Sent on each new link: every offer the sender has for the receiver's services, each
+    with the requests its service worker holds (what it was given and has not answered)."""
+
+    offers: list[ServiceOfferEntry]
+
+    def encode(self) -> bytes:
+        writer = Writer().u32(len(self.offers))
+        for service, client_id, serial, capacity, holding in self.offers:
+            writer.text(service).text(client_id).u64(serial).u32(capacity).u32(len(holding))
+            for request_id, retry in holding:
+                writer.text(request_id).u32(retry)
+        return writer.frame(FrameType.SERVICE_SYNC)
+
+    @classmethod
+    def decode(cls, body: bytes) -> ServiceSync:
+        reader = Reader(body)
+        offers = []
+        for _ in range(reader.u32()):
+            service, client_id, serial, capacity = (reader.text(), reader.text(), reader.u64(),
+                                                    reader.u32())
+            holding = [(reader.text(), reader.u32()) for _ in range(reader.u32())]
+            offers.append((service, client_id, serial, capacity, holding))
+        reader.end()
+        return cls(offers)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRequest:
+    """From a dispatcher: attempt ``retry`` of request ``request`` for service worker
+    ``client_id`` (offer ``serial``) connected to the receiver; the message as it is to be
+    delivered (envelope included), encoded as broker/wire.py does."""
+
+    service: str
+    client_id: str
+    serial: int
+    request: str  # the request's id (services/envelope.py)
+    retry: int
+    dup: bool
+    message: bytes
+
+    def encode(self) -> bytes:
+        writer = (Writer().text(self.service).text(self.client_id).u64(self.serial)
+                  .text(self.request).u32(self.retry).u8(self.dup))
+        writer.parts.append(self.message)
+        return writer.frame(FrameType.SERVICE_REQUEST)
+
+    @classmethod
+    def decode(cls, body: bytes) -> ServiceRequest:
+        reader = Reader(body)
+        service, client_id, serial = reader.text(), reader.text(), reader.u64()
+        request, retry, dup = reader.text(), reader.u32(), reader.u8()
+        if dup > 1:
+            raise LinkError("service request: bad dup flag")
+        return cls(service, client_id, serial, request, retry, bool(dup),
+                   _rest(body, reader))
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceReply:
+    """To a dispatcher: a reply to ``request`` from service worker ``client_id``'s
+    attempt ``retry`` (-1: not known), recognised here by (response topic, correlation data),
+    or (``expected`` set) by its request id only, and then to be checked against the request.
+    ``service`` is empty when not known here."""
+
+    frame_id: int  # this frame's id, for its answer
+    service: str
+    request: str  # the request's id (services/envelope.py)
+    client_id: str
+    retry: int
+    expected: tuple[str, bytes | None] | None
+    message: bytes
+
+    def encode(self) -> bytes:
+        writer = (Writer().u64(self.frame_id).text(self.service).text(self.request)
+                  .text(self.client_id).u32(self.retry + 1))
+        if self.expected is None:
+            writer.u8(0)
+        else:
+            topic, correlation = self.expected
+            writer.u8(1 if correlation is None else 2).text(topic)
+            if correlation is not None:
+                writer.blob(correlation)
+        writer.parts.append(self.message)
+        return writer.frame(FrameType.SERVICE_REPLY)
+
+    @classmethod
+    def decode(cls, body: bytes) -> ServiceReply:
+        reader = Reader(body)
+        frame_id, service, request = reader.u64(), reader.text(), reader.text()
+        client_id, retry, kind = reader.text(), reader.u32() - 1, reader.u8()
+        expected: tuple[str, bytes | None] | None = None
+        if kind > 2:
+            raise LinkError("service reply: bad expectation kind")
+        if kind:
+            topic = reader.text()
+            expected = (topic, reader.blob() if kind == 2 else None)
+        return cls(frame_id, service, request, client_id, retry, expected,
+                   _rest(body, reader))
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceReplied:
+    """Answer to SERVICE_REPLY: ``verdict`` (accepted, routed, late, unknown, mismatch or
+    refused: services/dispatcher.py)."""
+
+    frame_id: int
+    verdict: str
+
+    def encode(self) -> bytes:
+        return (Writer().u64(self.frame_id).text(self.verdict)
+                .frame(FrameType.SERVICE_REPLIED))
+
+    @classmethod
+    def decode(cls, body: bytes) -> ServiceReplied:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.text())
+        reader.end()
+        return frame
+
+
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
-         | Members | RetainSync | NodeStats | Forget | Takeover | ForwardAck)
+         | Members | RetainSync | NodeStats | Forget | Takeover | ForwardAck | ServiceOffer
+         | ServiceSync | ServiceRequest | ServiceReply | ServiceReplied)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -917,6 +1076,9 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.MEMBERS: Members, FrameType.RETAIN_SYNC: RetainSync,
     FrameType.NODE_STATS: NodeStats, FrameType.FORGET: Forget, FrameType.TAKEOVER: Takeover,
     FrameType.FORWARD_ACK: ForwardAck,
+    FrameType.SERVICE_OFFER: ServiceOffer,
+    FrameType.SERVICE_SYNC: ServiceSync, FrameType.SERVICE_REQUEST: ServiceRequest,
+    FrameType.SERVICE_REPLY: ServiceReply, FrameType.SERVICE_REPLIED: ServiceReplied,
 }
 
 

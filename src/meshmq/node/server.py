@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from meshmq.broker.broker import Broker
 from meshmq.broker.transport.listeners import Listeners
 from meshmq.cluster.nodelink import NodeIdentity
+from meshmq.cluster.servicelinks import MeshServiceLinks
 from meshmq.cluster.spec import WorkerSpec
 from meshmq.cluster.workers import WorkerCluster
 from meshmq.config import BrokerConfig, listen_address, redact_url
@@ -34,6 +35,8 @@ from meshmq.node.identity import read_identity, read_secret, store_cluster_id
 from meshmq.node.reload import ConfigReloader
 from meshmq.node.startup import StartupError, prepare_data_dir, starting
 from meshmq.node.webhooks import CLOSE_GRACE, Webhooks
+from meshmq.services.layer import LocalLinks, ServiceLinks, ServicesLayer
+from meshmq.services.settings import Catalogue
 
 if TYPE_CHECKING:
     from meshmq.node.admin.app import AdminServer
@@ -51,6 +54,7 @@ class BrokerServer:
         self.reloader = reloader  # None: SIGHUP re-reads the files in use, not the config
         self.broker: Broker | None = None
         self.cluster: WorkerCluster | None = None
+        self.services: ServicesLayer | None = None  # request/reply (services.enabled)
         self.port = 0
         self.listeners: Listeners | None = None
         self.webhooks: Webhooks | None = None  # statistics() for $SYS and the admin plane
@@ -66,16 +70,22 @@ class BrokerServer:
         if worker is None:
             broker = self.broker = Broker(self.config, loop)
             self.start_webhooks(broker)
+            self._use_services(broker, LocalLinks())
             broker.start()
         else:
             broker = self.broker = Broker(self.config, loop, worker.index, worker.count,
                                           open_log=False)
             self.start_webhooks(broker)
             cluster = self.cluster = WorkerCluster(broker, worker, *self._node_identity(worker))
+            links = MeshServiceLinks(cluster.mesh, cluster.leadership)
+            links.events = self._use_services(broker, links)
             await cluster.start()  # linked to every peer before the state is restored
             broker.start()
             cluster.started()
+        if self.services is not None:
+            self.services.start()  # dispatchers recovered before any client is served
         views = self.views = WorkerViews(broker, self.cluster)
+        views.services = self.services
         if self.cluster is not None:
             self.cluster.admin.answer = views.answer  # every worker answers admin queries
         listeners = self.listeners = Listeners(self.config, broker, self.worker is not None)
@@ -102,6 +112,16 @@ class BrokerServer:
             tmp = f"{cfg.port_file}.tmp"
             Path(tmp).write_text(text)
             os.replace(tmp, cfg.port_file)  # readers never see a half-written file
+
+    def _use_services(self, broker: Broker, links: ServiceLinks) -> ServicesLayer | None:
+        """The services layer on the ``$service/`` topics (services.enabled), reaching the
+        node's other workers through ``links``."""
+        if not self.config.services.enabled:
+            return None
+        services = self.services = ServicesLayer(broker, Catalogue(self.config.services), links,
+                                                 self.config.server.data_dir)
+        broker.use_services(services)
+        return services
 
     def _node_identity(self, worker: WorkerSpec
                        ) -> tuple[NodeIdentity | None, Callable[[str], None] | None]:
@@ -171,6 +191,8 @@ class BrokerServer:
             self.cluster.close()
         if self.listeners is not None:
             await self.listeners.wait_closed()
+        if self.services is not None:
+            self.services.close()
         if self.broker is not None:
             self.broker.close()
         await self.stop_webhooks()

@@ -212,6 +212,66 @@ async def get_overview(request: web.Request) -> web.Response:
     })
 
 
+SERVICE_FIGURES = {"requests": "meshmq_service_requests_total",
+                   "replies": "meshmq_service_replies_total",
+                   "retries": "meshmq_service_retries_total",
+                   "timeouts": "meshmq_service_timeouts_total",
+                   "late_replies": "meshmq_service_late_replies_total",
+                   "duplicates": "meshmq_service_duplicates_total",
+                   "in_flight": "meshmq_service_in_flight",
+                   "workers": "meshmq_service_workers"}
+
+
+async def get_services(request: web.Request) -> web.Response:
+    """Per service: its counters since the node started, its error replies by kind, and its
+    round trip (mean, and p50/p99 as the upper bound of the histogram bucket they fall in)."""
+    totals = await gather_metrics(_views(request), request.app[METRICS])
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(service: str) -> dict[str, Any]:
+        return rows.setdefault(service, {
+            "service": service, **dict.fromkeys(SERVICE_FIGURES, 0), "errors": 0,
+            "error_kinds": "", "latency_count": 0, "latency_mean": None, "latency_p50": None,
+            "latency_p99": None})
+
+    for figure, name in SERVICE_FIGURES.items():
+        for service, value in totals.get(name, {}).items():
+            row(service)[figure] = value
+    for key, value in sorted(totals.get("meshmq_service_errors_total", {}).items()):
+        service, _, kind = key.partition("|")
+        entry = row(service)
+        entry["errors"] += value
+        entry["error_kinds"] = f"{entry['error_kinds']} {kind}={value:g}".strip()
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for key, count in totals.get("meshmq_service_latency_seconds_bucket", {}).items():
+        service, _, bound = key.rpartition("|")
+        buckets.setdefault(service, []).append((float(bound), count))
+    sums = totals.get("meshmq_service_latency_seconds_sum", {})
+    for service, counts in buckets.items():
+        counts.sort()
+        observed = sum(count for _, count in counts)
+        row(service).update({
+            "latency_count": observed,
+            "latency_mean": sums.get(service, 0.0) / observed if observed else None,
+            "latency_p50": _quantile(counts, observed, 0.5),
+            "latency_p99": _quantile(counts, observed, 0.99)})
+    return page(request, list(rows.values()), "service")
+
+
+def _quantile(counts: list[tuple[float, float]], observed: float, q: float) -> float | None:
+    """The upper bound of the bucket holding quantile ``q`` (None: nothing observed; the
+    last bucket has no bound: its lower one is given)."""
+    if not observed:
+        return None
+    running, previous = 0.0, 0.0
+    for bound, count in counts:
+        running += count
+        if running >= q * observed:
+            return bound if bound != float("inf") else previous
+        previous = bound
+    return previous
+
+
 async def get_openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi.SPEC)
 
@@ -403,6 +463,7 @@ def add_routes(app: web.Application) -> None:
     add.add_post("/api/v1/cluster/forget/{node_id}", post_forget)
     add.add_post("/api/v1/cluster/leave", post_leave)
     add.add_get("/api/v1/overview", get_overview)
+    add.add_get("/api/v1/services", get_services)
     add.add_get("/api/v1/clients", get_clients)
     add.add_get("/api/v1/clients/{client_id:.+}", get_client)
     add.add_delete("/api/v1/clients/{client_id:.+}", delete_client)

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 from meshmq.broker import queries
 from meshmq.broker.persistence import Persistence
 from meshmq.log.writer import FSYNC_BUCKETS
+from meshmq.services.stats import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
     from meshmq.broker.transport.listeners import Listeners
     from meshmq.cluster.workers import WorkerCluster
+    from meshmq.services.layer import ServicesLayer
 
 Samples = dict[str, dict[str, float]]
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -54,7 +56,8 @@ class Sampler:
 
 
 def worker_samples(broker: Broker, cluster: WorkerCluster | None,
-                   listeners: Listeners | None) -> dict[str, Any]:
+                   listeners: Listeners | None,
+                   services: ServicesLayer | None = None) -> dict[str, Any]:
     """This worker's samples, with its index and pid (metrics.py notices a restart by the pid)."""
     index = broker.index or 0
     out = Sampler(index)
@@ -63,6 +66,7 @@ def worker_samples(broker: Broker, cluster: WorkerCluster | None,
     _messages(out, figures)
     _log(out, broker, cluster)
     _mesh(out, cluster)
+    _services(out, services)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out.put("meshmq_process_cpu_seconds_total", usage.ru_utime + usage.ru_stime, index)
     out.put("meshmq_process_resident_memory_bytes", _rss_bytes(), index)
@@ -159,3 +163,41 @@ def _mesh(out: Sampler, cluster: WorkerCluster | None) -> None:
     for peer, link in mesh.peers.items():
         out.put("meshmq_mesh_link_queued_bytes", link.data_bytes, index, peer)
     out.put("meshmq_mesh_links", len(mesh.peers), index)
+
+
+# figure of a service's statistics (services/stats.py) -> its counter
+SERVICE_COUNTERS = {
+    "requests": "meshmq_service_requests_total",
+    "duplicates": "meshmq_service_duplicates_total",
+    "dispatched": "meshmq_service_dispatched_total",
+    "retries": "meshmq_service_retries_total",
+    "timeouts": "meshmq_service_timeouts_total",
+    "lost": "meshmq_service_lost_total",
+    "replies": "meshmq_service_replies_total",
+    "late_replies": "meshmq_service_late_replies_total",
+}
+SERVICE_GAUGES = {"in_flight": "meshmq_service_in_flight",
+                  "workers": "meshmq_service_workers"}
+
+
+def _services(out: Sampler, services: ServicesLayer | None) -> None:
+    """Per service: the dispatcher's figures where it runs (the leader of the service's
+    partition) and the late replies each worker dropped itself; they add up over workers."""
+    if services is None:
+        return
+    figures = services.statistics()
+    out.put("meshmq_service_requests_refused_total", figures["requests_refused"])
+    bounds = [*(str(b) for b in LATENCY_BUCKETS), "+Inf"]
+    for service, stats in figures["services"].items():
+        for figure, name in SERVICE_COUNTERS.items():
+            if figure in stats:
+                out.put(name, stats[figure], service)
+        for figure, name in SERVICE_GAUGES.items():
+            if figure in stats:
+                out.put(name, stats[figure], service)
+        for kind, count in stats.get("errors", {}).items():
+            out.put("meshmq_service_errors_total", count, service, kind)
+        if "latency_buckets" in stats:
+            for bound, count in zip(bounds, stats["latency_buckets"], strict=True):
+                out.put("meshmq_service_latency_seconds_bucket", count, service, bound)
+            out.put("meshmq_service_latency_seconds_sum", stats["latency_sum"], service)

@@ -108,6 +108,36 @@ CATALOG: dict[str, Spec] = {
     "meshmq_mesh_link_queued_bytes": Spec(
         "gauge", "Bytes queued on the link from worker to peer.", ("worker", "peer")),
     "meshmq_mesh_links": Spec("gauge", "Linked peers of the worker.", ("worker",)),
+    "meshmq_service_requests_total": Spec(
+        "counter", "Requests stored for a service (repeats included).", ("service",)),
+    "meshmq_service_duplicates_total": Spec(
+        "counter", "Repeated requests answered without a second execution.", ("service",)),
+    "meshmq_service_dispatched_total": Spec(
+        "counter", "Attempts given to a service worker.", ("service",)),
+    "meshmq_service_retries_total": Spec(
+        "counter", "Attempts after the first (meshmq-retry above 0).", ("service",)),
+    "meshmq_service_timeouts_total": Spec(
+        "counter", "Attempts whose service worker did not reply in time.", ("service",)),
+    "meshmq_service_lost_total": Spec(
+        "counter", "Attempts whose service worker went (disconnected, withdrew).",
+        ("service",)),
+    "meshmq_service_replies_total": Spec(
+        "counter", "Service workers' replies that completed a request.", ("service",)),
+    "meshmq_service_late_replies_total": Spec(
+        "counter", "Replies dropped: their request was complete or given up.", ("service",)),
+    "meshmq_service_errors_total": Spec(
+        "counter", "Error replies sent to callers, by kind (timeout, no-responders, ...).",
+        ("service", "kind")),
+    "meshmq_service_requests_refused_total": Spec(
+        "counter", "Requests refused before they were stored (malformed, not authorized)."),
+    "meshmq_service_latency_seconds": Spec(
+        "histogram", "Round trip of a request through the broker: stored to reply recorded.",
+        ("service",)),
+    "meshmq_service_in_flight": Spec(
+        "gauge", "Requests of the service not answered yet (queued or with a worker).",
+        ("service",)),
+    "meshmq_service_workers": Spec(
+        "gauge", "Service workers offering the service.", ("service",)),
     "meshmq_process_cpu_seconds_total": Spec(
         "counter", "CPU time (user + system) of the worker process.", ("worker",)),
     "meshmq_process_resident_memory_bytes": Spec(
@@ -225,15 +255,22 @@ class _Snapshot(Collector):
 
 
 def _histogram(name: str, spec: Spec, totals: Samples) -> HistogramMetricFamily:
-    buckets = sorted(totals[name + "_bucket"].items(),
-                     key=lambda item: float(item[0]))
-    cumulative, running = [], 0.0
-    for bound, count in buckets:
-        running += count
-        cumulative.append((bound, running))
-    total = totals.get(name + "_sum", {}).get("", 0.0)
-    family = HistogramMetricFamily(name, spec.help)
-    family.add_metric([], cumulative, total)
+    """A histogram family from its ``_bucket`` samples (keyed ``labels|bound``) and its
+    ``_sum`` samples (keyed ``labels``)."""
+    series: dict[str, list[tuple[str, float]]] = {}
+    for key, count in totals[name + "_bucket"].items():
+        labels, _, bound = key.rpartition("|")
+        series.setdefault(labels, []).append((bound, count))
+    sums = totals.get(name + "_sum", {})
+    family = HistogramMetricFamily(name, spec.help, labels=spec.labels or None)
+    for labels, buckets in sorted(series.items()):
+        buckets.sort(key=lambda item: float(item[0]))
+        cumulative, running = [], 0.0
+        for bound, count in buckets:
+            running += count
+            cumulative.append((bound, running))
+        family.add_metric(labels.split("|") if spec.labels else [], cumulative,
+                          sums.get(labels, 0.0))
     return family
 
 

@@ -61,6 +61,9 @@ SPEC: dict[str, Any] = {
                                     " configuration (secrets masked)")},
         "/api/v1/overview": {"get": _op("Node totals for the dashboard (rates come from two"
                                         " polls)")},
+        "/api/v1/services": {"get": _op(
+            "Services: requests, replies, retries, timeouts, late replies, errors by kind,"
+            " in flight, service workers and round trip (mean, p50, p99)", PAGING, 400)},
         "/api/v1/cluster": {"get": _op("The cluster as this node sees it: the other nodes, how"
                                        " many of this node's workers are linked to each, and"
                                        " whether any suspects it; each node's figures and"

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
     from meshmq.broker.transport.listeners import Listeners
     from meshmq.cluster.workers import WorkerCluster
+    from meshmq.services.layer import ServicesLayer
 
 
 class WorkerViews:
@@ -37,9 +38,11 @@ class WorkerViews:
         self.broker = broker
         self.cluster = cluster
         self.listeners: Listeners | None = None  # once they listen
+        self.services: ServicesLayer | None = None  # request/reply, when it is on
         self.started = time.time()
         self._queries: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "metrics": lambda args: worker_samples(broker, cluster, self.listeners),
+            "metrics": lambda args: worker_samples(broker, cluster, self.listeners,
+                                                   self.services),
             "worker": lambda args: self.worker(),
             "clients": lambda args: queries.clients(broker),
             "kick": lambda args: queries.kick(broker, args["client_id"]),

@@ -217,6 +217,22 @@ async function partitions() {
   });
 }
 
+const millis = (seconds) => (seconds === null ? "–" : `${(seconds * 1000).toFixed(2)} ms`);
+
+async function services() {
+  const page = await api("GET", "/api/v1/services?limit=1000");
+  fill("#services-table", page.data, (s, tr) => {
+    tr.dataset.service = s.service;
+    const errors = cell(s.errors, "num");
+    errors.title = s.error_kinds;  // by kind: timeout=N no-responders=N ...
+    tr.append(cell(s.service), cell(s.workers, "num"), cell(number(s.requests), "num"),
+      cell(number(s.replies), "num"), cell(number(s.retries), "num"),
+      cell(number(s.timeouts), "num"), errors, cell(number(s.late_replies), "num"),
+      cell(s.in_flight, "num"), cell(millis(s.latency_mean), "num"),
+      cell(millis(s.latency_p50), "num"), cell(millis(s.latency_p99), "num"));
+  });
+}
+
 async function nodes() {
   const node = await api("GET", "/api/v1/node");
   $("#node-summary").textContent = `meshmq ${node.version}, ${node.status}, up ${number(node.uptime)} s, `
@@ -227,7 +243,7 @@ async function nodes() {
     cell(w.sessions, "num"), cell(w.leads.join(" "))));
 }
 
-const TABS = { overview, clients, topics, retained, partitions, nodes };
+const TABS = { overview, clients, topics, retained, partitions, services, nodes };
 
 async function refresh() {
   try {
