@@ -68,18 +68,20 @@ def test_fsync_always_stores_a_publish_only_once_its_bytes_were_fsynced(
         persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
                                   asyncio.get_running_loop())
         log = persistence.commit_log
+        all_stored = asyncio.Event()
 
         def check(outcome: AppendOutcome) -> None:
             assert isinstance(outcome, Stored), outcome
             inode = os.stat(log.partition(outcome.partition).active_segment.log_path).st_ino
             seen.append((outcome.partition, outcome.offset, synced.get(inode, 0)))
+            if len(seen) == 600:
+                all_stored.set()
 
         for turn in range(30):
             for i in range(20):
                 persistence.append(publish(f"t/{i}", turn * 20 + i), "pub", check)
             await asyncio.sleep(0)
-        while len(seen) < 600:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(all_stored.wait(), 30)
         persistence.close()
 
     asyncio.run(main())
@@ -147,11 +149,16 @@ def test_a_full_queue_refuses_the_publish_at_once(tmp_path: Path) -> None:
     async def main() -> list[AppendOutcome]:
         persistence = Persistence(settings, str(tmp_path), asyncio.get_running_loop())
         outcomes: list[AppendOutcome] = []
-        taken = [persistence.append(publish("t", n), "pub", outcomes.append)
-                 for n in range(7)]
+        five = asyncio.Event()
+
+        def note(outcome: AppendOutcome) -> None:
+            outcomes.append(outcome)
+            if len(outcomes) == 5:
+                five.set()
+
+        taken = [persistence.append(publish("t", n), "pub", note) for n in range(7)]
         assert taken == [True] * 5 + [False] * 2
-        while len(outcomes) < 5:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(five.wait(), 30)
         persistence.close()
         return outcomes
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conftest import wait_for
 from meshmq.cluster.metaclient import MetaClient
 
 WAIT = 20.0
@@ -136,14 +137,9 @@ def cut_journal(path: Path, keep: int) -> None:
 
 def wait_until(condition: Callable[[], Any], timeout: float = WAIT, what: str = "condition"
                ) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+    """The suite's ``wait_for`` with this module's longer default (voters elect slowly on a
+    loaded machine)."""
+    return wait_for(condition, timeout, what)
 
 
 async def wait_until_async(condition: Callable[[], Any], timeout: float = WAIT,

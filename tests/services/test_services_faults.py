@@ -105,6 +105,8 @@ async def scenario(node: Node, kill: str) -> Ledger:
                for w in workers]
     killed = asyncio.Event()
 
+    halfway = asyncio.Event()  # half the calls answered: the kill comes then
+
     async def stream(caller: Client, index: int) -> list[bytes]:
         gate = asyncio.Semaphore(IN_FLIGHT)
 
@@ -112,13 +114,14 @@ async def scenario(node: Node, kill: str) -> Ledger:
             async with gate:
                 reply = await caller.call(service, f"{index}:{n}".encode(), timeout=90)
                 ledger.answered += 1
+                if ledger.answered == CALLS // 2:
+                    halfway.set()
                 return reply.payload
 
         return list(await asyncio.gather(*(one(n) for n in range(CALLS))))
 
     async def nemesis() -> None:
-        while ledger.answered < CALLS // 2:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(halfway.wait(), 120)
         if kill == "dispatcher":
             pid = node.kill_worker(victim)
             await asyncio.to_thread(node.wait_worker_restarted, victim, pid)
