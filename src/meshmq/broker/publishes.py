@@ -271,6 +271,24 @@ class Publishes:
         else:
             done(receivers)
 
+    def append_for(self, message: Message, client_id: str, message_id: bytes | None,
+                   done: Callable[[AppendOutcome, int], None]) -> bool:
+        """A publish made elsewhere (another node's client) for a partition led here: append
+        it, route it once durable as a publish here would be, then ``done(outcome,
+        receivers)``. False: the log's queue is full (nothing was done)."""
+        persistence = self.broker.persistence
+        assert persistence is not None  # (asked only of a node with the log on)
+
+        def durable(outcome: AppendOutcome) -> None:
+            if isinstance(outcome, Stored):
+                self.route_stored(message, outcome, lambda receivers: done(outcome, receivers))
+            elif isinstance(outcome, StoredElsewhere):  # by this node's leader of it
+                done(outcome, outcome.receivers + self._deliver_here(message, outcome))
+            else:
+                done(outcome, 0)
+
+        return persistence.append(message, client_id, durable, message_id)
+
     def publish_unacknowledged(self, message: Message, client_id: str) -> None:
         """A message nobody waits an acknowledgement for (a will): like any publish, in the
         log first when persisted, then routed (and kept as retained if flagged)."""

@@ -75,6 +75,8 @@ class FrameType(IntEnum):
     SERVICE_REQUEST = 34  # from a dispatcher: an attempt for a service worker connected there
     SERVICE_REPLY = 35  # to a dispatcher: a service worker's reply (answered: SERVICE_REPLIED)
     SERVICE_REPLIED = 36  # answer to SERVICE_REPLY: what the reply turned out to be
+    NODE_APPEND = 40  # to a partition's leader node: store these publishes (with leader epochs)
+    NODE_APPENDED = 41  # answer to NODE_APPEND: where each was stored, or why not (a hint)
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -903,6 +905,90 @@ class RetainSync:
         return cls(entries)
 
 
+# ---------------------------------------------------------------------- appends across nodes
+
+
+class NodeAppendEntry(NamedTuple):
+    """One publish of a NODE_APPEND: for ``partition``, whose leader the sender takes the
+    receiver's node to be at ``leader_epoch`` (cluster/nodeappends.py)."""
+
+    request_id: int
+    partition: int
+    leader_epoch: int
+    client_id: str  # the publisher's
+    message_id: bytes  # 16 bytes, drawn by the sender (log/record.py)
+    resend: bool  # a resend after an unknown outcome: the leader looks its id up first
+    message: bytes  # its body (broker/wire.py)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAppend:
+    """Request to a partition's leader node: persist these publishes and route each once
+    durable (those of one loop turn for one node travel together)."""
+
+    entries: list[NodeAppendEntry]
+
+    def encode(self) -> bytes:
+        writer = Writer().u32(len(self.entries))
+        for request_id, partition, epoch, client_id, message_id, resend, body in self.entries:
+            writer.u64(request_id).u32(partition).u32(epoch).text(client_id)
+            writer.blob(message_id).u8(resend).blob(body)
+        return writer.frame(FrameType.NODE_APPEND)
+
+    @classmethod
+    def decode(cls, body: bytes) -> NodeAppend:
+        reader = Reader(body)
+        entries = []
+        for _ in range(reader.u32()):
+            request_id, partition, epoch = reader.u64(), reader.u32(), reader.u32()
+            client_id, message_id = reader.text(), reader.blob()
+            entries.append(NodeAppendEntry(request_id, partition, epoch, client_id, message_id,
+                                           bool(reader.u8()), reader.blob()))
+        reader.end()
+        return cls(entries)
+
+
+class NodeAppendAnswer(NamedTuple):
+    """The outcome of one NODE_APPEND entry: ``status`` 0, stored at ``offset`` and routed to
+    ``receivers``; ``NOT_LEADER``, not stored: the receiver's node does not lead the partition
+    at that epoch, and ``hint_node``/``hint_epoch`` say who does as far as it knows (``""``:
+    nobody yet); ``OUTCOME_UNKNOWN``: perhaps stored (inside the leader node, the link to the
+    partition's worker dropped); or a reason code (0x80 and up): refused, not stored."""
+
+    request_id: int
+    status: int
+    offset: int = 0
+    receivers: int = 0
+    hint_node: str = ""
+    hint_epoch: int = 0
+
+
+NOT_LEADER = 1  # NodeAppendAnswer.status: not stored, ask the hinted leader
+OUTCOME_UNKNOWN = 2  # ... perhaps stored
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAppended:
+    """Answers to NODE_APPEND entries, on the link the request came on."""
+
+    answers: list[NodeAppendAnswer]
+
+    def encode(self) -> bytes:
+        writer = Writer().u32(len(self.answers))
+        for request_id, status, offset, receivers, hint_node, hint_epoch in self.answers:
+            writer.u64(request_id).u8(status).u64(offset).u32(receivers)
+            writer.text(hint_node).u32(hint_epoch)
+        return writer.frame(FrameType.NODE_APPENDED)
+
+    @classmethod
+    def decode(cls, body: bytes) -> NodeAppended:
+        reader = Reader(body)
+        answers = [NodeAppendAnswer(reader.u64(), reader.u8(), reader.u64(), reader.u32(),
+                                    reader.text(), reader.u32()) for _ in range(reader.u32())]
+        reader.end()
+        return cls(answers)
+
+
 # ---------------------------------------------------------------------- services
 #
 # Request/reply between the worker processes of a node (services/layer.py): a service worker
@@ -1060,7 +1146,8 @@ Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRe
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
          | Members | RetainSync | NodeStats | Forget | Takeover | ForwardAck | ServiceOffer
-         | ServiceSync | ServiceRequest | ServiceReply | ServiceReplied)
+         | ServiceSync | ServiceRequest | ServiceReply | ServiceReplied | NodeAppend
+         | NodeAppended)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -1079,6 +1166,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.SERVICE_OFFER: ServiceOffer,
     FrameType.SERVICE_SYNC: ServiceSync, FrameType.SERVICE_REQUEST: ServiceRequest,
     FrameType.SERVICE_REPLY: ServiceReply, FrameType.SERVICE_REPLIED: ServiceReplied,
+    FrameType.NODE_APPEND: NodeAppend, FrameType.NODE_APPENDED: NodeAppended,
 }
 
 

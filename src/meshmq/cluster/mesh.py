@@ -124,6 +124,7 @@ class Lane(Enum):
 # Every frame type's lane, in one table (the module docstring says why each is where it is).
 LANES: dict[int, Lane] = {frame_type: Lane.CONTROL for frame_type in FrameType}
 LANES.update({FrameType.FORWARD: Lane.DATA, FrameType.APPEND: Lane.DATA,
+              FrameType.NODE_APPEND: Lane.DATA,
               FrameType.DELIVER: Lane.DATA, FrameType.RETAIN_SYNC: Lane.DATA,
               FrameType.APPENDED: Lane.ORDERED,
               FrameType.BARRIER_DONE: Lane.ORDERED, FrameType.SYNCED: Lane.ORDERED,

@@ -138,6 +138,8 @@ class NodeLinks:
     nodes: dict[str, NodePeer] = field(default_factory=dict)  # by node id
     # frames of the layers above (retained messages...) that a dialing node may send here
     handlers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
+    # answers of the layers above (appends...) that the accepting node sends back here
+    answers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
     # nodes that left or were removed: not dialed, not taken from MEMBERS, until they link
     forgotten: set[str] = field(default_factory=set)
     _peer_ids: dict[str, int] = field(default_factory=dict)  # node id -> its peer id
@@ -203,7 +205,8 @@ class NodeLinks:
             return self._handshake(link, state, frame_type, body)
         dialed = state.side is Side.DIALED
         allowed = _FROM_ACCEPTOR if dialed else _FROM_DIALER
-        if frame_type not in allowed and (dialed or frame_type not in self.handlers):
+        if frame_type not in allowed and frame_type not in (
+                self.answers if dialed else self.handlers):
             raise LinkError(f"frame type {frame_type} is not taken from another node here")
         peer = link.peer
         assert peer is not None
@@ -216,8 +219,8 @@ class NodeLinks:
             self._handled(link, state)
             return
         frame = decode_frame(frame_type, body)
-        handler = self.handlers.get(frame_type)
-        if handler is not None and not dialed:
+        handler = (self.answers if dialed else self.handlers).get(frame_type)
+        if handler is not None:
             handler(peer, frame)
             if frame_type == FrameType.RETAIN_SYNC:
                 self._handled(link, state)

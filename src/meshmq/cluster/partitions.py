@@ -104,6 +104,7 @@ log = logging.getLogger("meshmq.partitions")
 RouteStored = Callable[["Message", Stored, Callable[[int], None]], None]
 Decode = Callable[[bytes, float], "Message"]
 Encode = Callable[["Message"], bytes]
+Elsewhere = Callable[[int, "Message", str, Completion, "bytes | None"], bool]
 
 
 class _Pending(NamedTuple):
@@ -145,6 +146,9 @@ class PartitionedLog(LogAccess):
                                  high_watermark=self.high_watermark)
         self.view = LogView(data_dir)
         self.route_stored: RouteStored | None = None  # set by the broker's side (workers.py)
+        # in a cluster whose partitions are led across nodes: takes a publish whose partition
+        # another node leads (True), or leaves it to this node (cluster/nodeappends.py)
+        self.elsewhere: Elsewhere | None = None
         self.counters = {"appends_forwarded": 0, "appends_served": 0, "appends_refused": 0,
                          "appends_unknown": 0, "appends_recognised": 0,
                          "answers_dropped": 0, "answers_late": 0}
@@ -175,6 +179,9 @@ class PartitionedLog(LogAccess):
     def append(self, message: Message, client_id: str, done: Completion,
                message_id: bytes | None = None) -> bool:
         partition = self.partition_for(message.topic)
+        elsewhere = self.elsewhere
+        if elsewhere is not None and elsewhere(partition, message, client_id, done, message_id):
+            return True
         leader = self._leaders[partition]
         if leader == self._me:
             if message_id is not None:
@@ -449,6 +456,11 @@ class PartitionedLog(LogAccess):
                 for record in records:
                     self._remember(record.message_id, partition, record.offset, 1, -1)
                 offset = records[-1].offset + 1
+
+    def remember(self, message_id: bytes, partition: int, offset: int, receivers: int) -> None:
+        """Another node's publish is stored and routed here: its resend is answered from here
+        (cluster/nodeappends.py)."""
+        self._remember(message_id, partition, offset, receivers, -1)
 
     def _remember(self, message_id: bytes, partition: int, offset: int, receivers: int,
                   peer: int) -> None:

@@ -32,6 +32,7 @@ from meshmq.cluster.mesh import Mesh
 from meshmq.cluster.metaclient import MetaClient
 from meshmq.cluster.metadata import MetadataError
 from meshmq.cluster.metaproc import socket_name_for
+from meshmq.cluster.nodeappends import NodeAppends, Placements
 from meshmq.cluster.nodelink import NodeIdentity
 from meshmq.cluster.noderetained import NodeRetained
 from meshmq.cluster.nodes import NodeLinks
@@ -117,6 +118,8 @@ class WorkerCluster:
         self.node_retained: NodeRetained | None = None
         self.takeover: NodeTakeover | None = None
         self.node_sockets: NodeSockets | None = None
+        self.node_appends: NodeAppends | None = None
+        self.placements: Placements | None = None
         self.metadata: MetaClient | None = None  # the node's metadata voter (cluster.metadata)
         if identity is not None and config.cluster.metadata:
             self.metadata = MetaClient(socket_name_for(worker.token))
@@ -129,6 +132,11 @@ class WorkerCluster:
                                                 config.mqtt.sys_interval)
             self.node_sockets = NodeSockets(loop, self.sockets, self.nodes,
                                             config.cluster.listen, config.cluster.seeds)
+            if self.metadata is not None and self.log is not None:  # partitions by node
+                self.placements = Placements(config.log.partitions)
+                self.node_appends = NodeAppends(
+                    self.log, self.nodes, self.placements, broker.publishes.append_for,
+                    lifecycle.encode_message, decode_message, loop.call_soon)
         mesh.on_congested = self._congested
         self._congestion_logged = -1e9
         broker.use(mesh, self.log, self.retained, self.directory, self.statistics)
@@ -165,7 +173,11 @@ class WorkerCluster:
         except MetadataError as error:
             log.warning("metadata voter not reachable yet: %s", error)
             return
-        client.watch(lambda change: None)  # keeps the client's mirror of the metadata
+        placements = self.placements
+        if placements is None:
+            client.watch(lambda change: None)  # keeps the client's mirror of the metadata
+        else:  # each change: the partitions' leaders
+            client.watch(lambda change: placements.update(client.view_nowait()))
 
     def started(self) -> None:
         """The broker restored its state: register its sessions with their owners and hand

@@ -1,0 +1,391 @@
+"""Partitions led across nodes: a publish is appended by its partition's leader node.
+
+Theory of operation
+-------------------
+With the metadata store on (``cluster.metadata``), the controller assigns every partition of
+the commit log to one node (cluster/controller.py): ``partitions/<p>`` names its leader node
+and a *leader epoch* that grows each time the assignment changes. Each worker follows the
+metadata through its client's mirror (``Placements``: partition -> (leader node, epoch)).
+Inside the leader node the partition is led by worker ``p mod N`` as on a single node
+(cluster/partitions.py); this module adds the step between nodes.
+
+* **Appending.** A persisted publish on a partition led by *another* node goes to that node
+  (``NODE_APPEND`` over this worker's dialed link, the publishes of one loop turn for one node
+  in one frame), stamped with the leader epoch the sender knows. The worker that receives it
+  checks the stamp against its own mirror: if its node leads the partition at exactly that
+  epoch, it appends the publish (to its own log, or through its node's leader worker of the
+  partition) and routes it once durable, as a publish made there: to its node's subscribers
+  and to every other node with a match, the sender's included (``FORWARD``, in the leader's
+  order). Its answer (``NODE_APPENDED``, on the link the request came on) carries the offset,
+  and only then is the publisher acknowledged: a PUBACK means durable at the leader.
+* **Not leader.** A receiver whose mirror does not say that (the sender's view, or its own,
+  is behind) stores nothing and answers ``NOT_LEADER`` with a hint: the leader and epoch it
+  knows. The sender goes to the hinted node if its epoch is newer than the one it tried;
+  otherwise it asks again shortly (its own mirror, or the receiver's, catches up), until the
+  append's deadline, then refuses the publish (not stored, so a refusal is the truth). A
+  node's epoch check makes every append name the leadership it was meant for, so a leader
+  that has been replaced takes none that were meant for its successor.
+* **Offline.** A partition whose leader node is not linked to this worker (down, cut off,
+  leaving) is offline: its publishes are refused at once with reason code 0x80 and a reason
+  string naming the partition and node ("unspecified error": MQTT 5.0 has no code for it;
+  3.1.1 publishers are disconnected), and ``meshmq cluster status`` lists it offline. Other
+  partitions go on. Before the metadata is reached and a partition assigned, its publishes
+  are refused the same way ("no leader yet").
+* **Unknown outcomes.** As between workers (cluster/partitions.py): an append sent whose
+  link dropped, or whose answer did not come within ``APPEND_TIMEOUT``, is ``Unknown``; the
+  publisher's connection is closed, its session keeps the message id, and the resend carries
+  it: the leader node's worker that stored the first attempt recognises it and answers with
+  its place instead of storing it twice.
+* **Who delivers.** The leader node routes every message of its partitions, so subscribers on
+  every node get them in partition order. The publisher's own node gets its copy back from the
+  leader like any other node: it does not deliver the publish itself. Such a copy carries no
+  log position (each node's log holds the partitions it leads): on another node it is a
+  message like one not persisted, queued for an offline session.
+* ``$`` topics (``$SYS``, ``$service/``) stay on the node they were published on.
+
+With the metadata off, nothing here runs: each node keeps its own log of every partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+from meshmq.broker.interfaces import (
+    AppendOutcome,
+    Completion,
+    Refused,
+    Stored,
+    StoredElsewhere,
+    Unknown,
+)
+from meshmq.cluster.codec import (
+    NOT_LEADER,
+    OUTCOME_UNKNOWN,
+    FrameType,
+    NodeAppend,
+    NodeAppendAnswer,
+    NodeAppended,
+    NodeAppendEntry,
+)
+from meshmq.cluster.metadata import MetadataError
+from meshmq.cluster.metarecords import assignment_of
+from meshmq.cluster.partitions import APPEND_TIMEOUT
+from meshmq.log.record import new_message_id
+from meshmq.mqtt.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from meshmq.broker.message import Message
+    from meshmq.cluster.metadata import View
+    from meshmq.cluster.nodes import NodeLinks
+    from meshmq.cluster.partitions import PartitionedLog
+    from meshmq.cluster.timers import Timer
+
+log = logging.getLogger("meshmq.partitions")
+
+AppendFor = Callable[["Message", str, "bytes | None", Callable[[AppendOutcome, int], None]], bool]
+Decode = Callable[[bytes, float], "Message"]
+Encode = Callable[["Message"], bytes]
+
+RETRY_AFTER = 0.2  # seconds before asking again after a "not leader" without a newer hint
+CHECK_EVERY = 1.0  # seconds between looks for appends past their deadline
+
+
+class Placements:
+    """Each partition's leader node and leader epoch, as this worker's metadata mirror says
+    (None: not assigned, or the metadata not reached yet)."""
+
+    def __init__(self, partitions: int) -> None:
+        self.leaders: list[tuple[str, int] | None] = [None] * partitions
+        self.version = -1
+
+    def update(self, view: View | None) -> None:
+        if view is None or view.version <= self.version:
+            return
+        leaders: list[tuple[str, int] | None] = []
+        for partition in range(len(self.leaders)):
+            try:
+                assignment = assignment_of(view, partition)
+            except MetadataError as error:  # a record this version cannot read: unassigned
+                log.error("partition %d: %s", partition, error)
+                assignment = None
+            leaders.append(None if assignment is None
+                           else (assignment.leader, assignment.leader_epoch))
+        changed = [p for p, (old, new) in enumerate(zip(self.leaders, leaders, strict=True))
+                   if old != new]
+        self.leaders, self.version = leaders, view.version
+        if changed:
+            log.info("partition leaders changed partitions=%s leaders=%s", changed,
+                     [leaders[p] for p in changed])
+
+    def of(self, partition: int) -> tuple[str, int] | None:
+        return self.leaders[partition] if partition < len(self.leaders) else None
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An append sent (or about to be) to a partition's leader node."""
+
+    partition: int
+    node: str
+    epoch: int
+    peer: int  # the node's peer id on this worker (-1: not sent yet)
+    message: Message
+    client_id: str
+    message_id: bytes
+    resend: bool
+    done: Completion
+    deadline: float
+
+
+class NodeAppends:
+    """One worker's appends to other nodes, and its answers to theirs (module docstring)."""
+
+    def __init__(self, partitions: PartitionedLog, links: NodeLinks, placements: Placements,
+                 append_for: AppendFor, encode: Encode, decode: Decode,
+                 call_soon: Callable[..., object]) -> None:
+        self.log = partitions
+        self.call_soon = call_soon
+        self.links = links
+        self.mesh = mesh = links.mesh
+        self.node_id = links.identity.node_id
+        self.placements = placements
+        self.append_for = append_for
+        self.encode = encode
+        self.decode = decode
+        self.counters = {"node_appends_sent": 0, "node_appends_served": 0,
+                         "node_appends_refused": 0, "node_appends_unknown": 0,
+                         "node_appends_redirected": 0, "node_appends_not_leader": 0}
+        self._next_request = 1
+        self._pending: dict[int, _Pending] = {}
+        self._outbox: dict[int, list[NodeAppendEntry]] = {}  # this turn's, per node peer
+        self._answers: dict[int, tuple[int, list[NodeAppendAnswer]]] = {}  # per peer, link
+        self._retry: list[_Pending] = []
+        self._retry_timer: Timer | None = None
+        self._check_timer: Timer | None = None
+        partitions.elsewhere = self.append
+        links.handlers[FrameType.NODE_APPEND] = self._on_append
+        links.answers[FrameType.NODE_APPENDED] = self._on_appended
+        links.on_node_down.append(self._node_down)
+        mesh.before_send.append(self._flush)
+
+    # ------------------------------------------------------------------ sending
+
+    def append(self, partition: int, message: Message, client_id: str, done: Completion,
+               message_id: bytes | None) -> bool:
+        """``PartitionedLog.elsewhere``: take the publish if another node leads its partition
+        (or none does yet); False leaves it to this node's log."""
+        if message.topic.startswith("$"):
+            return False  # $SYS and services stay on their node
+        placed = self.placements.of(partition)
+        if placed is not None and placed[0] == self.node_id:
+            return False
+        resend = message_id is not None
+        if message_id is None:
+            message_id = new_message_id(int(time.time() * 1000))
+        pending = _Pending(partition, "", 0, -1, message, client_id, message_id, resend, done,
+                           self.mesh.io.now() + APPEND_TIMEOUT)
+        if placed is None:
+            self._refuse(pending, f"partition {partition} has no leader yet (the cluster's "
+                                  "metadata has not assigned it, or is not reached)")
+            return True
+        pending.node, pending.epoch = placed
+        self._send(pending)
+        return True
+
+    def _send(self, pending: _Pending) -> None:
+        known = self.links.nodes.get(pending.node)
+        link = known.link if known is not None else None
+        if link is None or link.peer is None:
+            why = (f"partition {pending.partition} is offline: its leader, node "
+                   f"{pending.node}, is not linked")
+            if pending.resend:  # its first attempt may be stored there: unknown
+                return self._unknown(pending, why)
+            return self._refuse(pending, why)
+        peer = pending.peer = link.peer
+        request_id = self._next_request
+        self._next_request += 1
+        self._pending[request_id] = pending
+        outbox = self._outbox.get(peer)
+        if outbox is None:
+            outbox = self._outbox[peer] = []
+        outbox.append(NodeAppendEntry(request_id, pending.partition, pending.epoch,
+                                      pending.client_id, pending.message_id, pending.resend,
+                                      self.encode(pending.message)))
+        self.counters["node_appends_sent"] += 1
+        mesh = self.mesh
+        mesh.wake()
+        if self._check_timer is None:
+            self._check_timer = mesh.call_at(mesh.io.now() + CHECK_EVERY, self._check)
+        if link.congested and mesh.on_congested is not None:
+            mesh.on_congested(peer)  # the publisher waits until the leader's link drains
+
+    def _flush(self) -> None:
+        """Before the mesh writes: one NODE_APPEND per node with this turn's publishes, and
+        this turn's answers to other nodes."""
+        if self._outbox:
+            outbox, self._outbox = self._outbox, {}
+            for peer, entries in outbox.items():
+                if not self.mesh.send(peer, NodeAppend(entries).encode()):
+                    for entry in entries:  # never sent: certainly not stored
+                        pending = self._pending.pop(entry.request_id, None)
+                        if pending is not None:
+                            self._refuse(pending, f"partition {pending.partition} is "
+                                                  f"offline: node {pending.node} went down")
+        if self._answers:
+            answers, self._answers = self._answers, {}
+            for peer, (link, batch) in answers.items():
+                self.mesh.send(peer, NodeAppended(batch).encode(), link)
+
+    def _on_appended(self, peer: int, frame: NodeAppended) -> None:
+        waiting = self._pending
+        for request_id, status, offset, receivers, hint_node, hint_epoch in frame.answers:
+            pending = waiting.get(request_id)
+            if pending is None or pending.peer != peer:
+                continue  # answered already (its deadline passed), or not this link's
+            del waiting[request_id]
+            if status == 0:
+                pending.done(StoredElsewhere(pending.partition, offset, receivers, None))
+            elif status == NOT_LEADER:
+                self._not_leader(pending, hint_node, hint_epoch)
+            elif status == OUTCOME_UNKNOWN:
+                self._unknown(pending, f"partition {pending.partition}: node {pending.node} "
+                                       "lost the answer of its leader worker")
+            else:
+                self.counters["node_appends_refused"] += 1
+                pending.done(Refused(status, f"partition {pending.partition}: refused by its "
+                                             f"leader, node {pending.node} (0x{status:02X})"))
+
+    def _not_leader(self, pending: _Pending, hint_node: str, hint_epoch: int) -> None:
+        """Not stored: go to a newer leader if the hint or our mirror names one, or ask
+        again shortly (someone's mirror is behind), within the append's deadline."""
+        self.counters["node_appends_not_leader"] += 1
+        placed = self.placements.of(pending.partition)
+        newer = [(epoch, node) for node, epoch in ((hint_node, hint_epoch), placed or ("", 0))
+                 if node and epoch > pending.epoch]
+        if newer:
+            pending.epoch, pending.node = max(newer)
+            self.counters["node_appends_redirected"] += 1
+            if pending.node == self.node_id:  # ours now: this node's log takes it
+                self._local(pending)
+            else:
+                self._send(pending)
+            return
+        if self.mesh.io.now() >= pending.deadline:
+            self._refuse(pending, f"partition {pending.partition}: node {pending.node} does "
+                                  f"not lead it at epoch {pending.epoch} (it knows "
+                                  f"{hint_node or 'no leader'}, epoch {hint_epoch})")
+            return
+        self._retry.append(pending)
+        if self._retry_timer is None:
+            self._retry_timer = self.mesh.call_at(self.mesh.io.now() + RETRY_AFTER,
+                                                  self._retry_now)
+
+    def _retry_now(self) -> None:
+        self._retry_timer = None
+        retry, self._retry = self._retry, []
+        for pending in retry:
+            placed = self.placements.of(pending.partition)
+            if placed is not None and placed[0] == self.node_id:
+                self._local(pending)
+                continue
+            if placed is not None and placed[1] >= pending.epoch:
+                pending.node, pending.epoch = placed
+            self._send(pending)
+
+    def _local(self, pending: _Pending) -> None:
+        """The partition is led by this node now: its log takes the publish."""
+        self.log.append(pending.message, pending.client_id, pending.done,
+                        pending.message_id if pending.resend else None)
+
+    def _check(self) -> None:
+        """Appends whose answer did not come within ``APPEND_TIMEOUT``: unknown."""
+        now = self.mesh.io.now()
+        self._check_timer = None
+        overdue = [r for r, p in self._pending.items() if p.deadline <= now]
+        for request_id in overdue:
+            pending = self._pending.pop(request_id)
+            self._unknown(pending, f"partition {pending.partition}: no answer from its leader, "
+                                   f"node {pending.node}, within {APPEND_TIMEOUT:.0f} s")
+        if self._pending:
+            self._check_timer = self.mesh.call_at(now + CHECK_EVERY, self._check)
+
+    def _node_down(self, peer: int, node_id: str) -> None:
+        """The link to a node is gone: its appends sent are unknown, those not sent yet
+        are refused (they never left)."""
+        unsent = {entry.request_id for entry in self._outbox.pop(peer, [])}
+        for request_id in [r for r, p in self._pending.items() if p.peer == peer]:
+            pending = self._pending.pop(request_id)
+            if request_id in unsent:
+                self._refuse(pending, f"partition {pending.partition} is offline: node "
+                                      f"{node_id} went down")
+            else:
+                self._unknown(pending, f"partition {pending.partition}: the link to its leader, "
+                                       f"node {node_id}, dropped before the answer came")
+
+    def _refuse(self, pending: _Pending, why: str) -> None:
+        self.counters["node_appends_refused"] += 1
+        self.call_soon(pending.done, Refused(ReasonCode.UNSPECIFIED_ERROR, why))
+
+    def _unknown(self, pending: _Pending, why: str) -> None:
+        self.counters["node_appends_unknown"] += 1
+        self.call_soon(pending.done, Unknown(why, pending.message_id))
+
+    # ------------------------------------------------------------------ serving other nodes
+
+    def _on_append(self, peer: int, frame: NodeAppend) -> None:
+        """Another node's publishes for partitions it takes this node to lead."""
+        link = self.mesh.remote.get(peer)
+        assert link is not None  # a frame came on it
+        ident = link.ident
+        now = self.mesh.io.now()
+        me, placements = self.node_id, self.placements
+        for request_id, partition, epoch, client_id, message_id, _resend, body in frame.entries:
+            placed = placements.of(partition)
+            if placed != (me, epoch):
+                hint_node, hint_epoch = placed or ("", 0)
+                self._answer(peer, ident, NodeAppendAnswer(request_id, NOT_LEADER, 0, 0,
+                                                           hint_node, hint_epoch))
+                continue
+            message = self.decode(body, now)
+            if self.log.partition_for(message.topic) != partition:
+                log.error("append from another node for partition %d, topic %r is in %d here: "
+                          "log.partitions or log.key_level differs between nodes", partition,
+                          message.topic, self.log.partition_for(message.topic))
+                self._answer(peer, ident, NodeAppendAnswer(request_id,
+                                                           ReasonCode.UNSPECIFIED_ERROR))
+                continue
+            done = partial(self._served, peer, ident, request_id, message_id)
+            if not self.append_for(message, client_id, message_id, done):
+                self._answer(peer, ident, NodeAppendAnswer(request_id,
+                                                           ReasonCode.QUOTA_EXCEEDED))
+
+    def _served(self, peer: int, link: int, request_id: int, message_id: bytes,
+                outcome: AppendOutcome, receivers: int) -> None:
+        if isinstance(outcome, Stored):
+            self.counters["node_appends_served"] += 1
+            self.log.remember(message_id, outcome.partition, outcome.offset, receivers)
+            answer = NodeAppendAnswer(request_id, 0, outcome.offset, receivers)
+        elif isinstance(outcome, StoredElsewhere):
+            self.counters["node_appends_served"] += 1
+            answer = NodeAppendAnswer(request_id, 0, outcome.offset, receivers)
+        elif isinstance(outcome, Unknown):
+            answer = NodeAppendAnswer(request_id, OUTCOME_UNKNOWN)
+        else:
+            log.warning("append for node peer %d refused: %s", peer, outcome.why)
+            answer = NodeAppendAnswer(request_id, outcome.reason_code)
+        self._answer(peer, link, answer)
+
+    def _answer(self, peer: int, link: int, answer: NodeAppendAnswer) -> None:
+        queued = self._answers.get(peer)
+        if queued is None or queued[0] != link:
+            queued = self._answers[peer] = (link, [])
+        queued[1].append(answer)
+        self.mesh.wake()
+
+    def statistics(self) -> dict[str, int]:
+        return dict(self.counters)

@@ -1,0 +1,147 @@
+"""The commit log's partitions led across nodes (cluster.metadata on): real ``meshmq serve``
+processes on 127.0.0.1, real paho clients, the nodes' log files read back from disk.
+
+Each partition is assigned to one node by the controller; a publish on any node is appended
+by its partition's leader node and acknowledged only after that (cluster/nodeappends.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from nodes import Node, Nodes
+from test_cluster import ADMIN_KEY, cluster_config, free_port_pairs
+
+from conftest import Client, wait_for
+from meshmq.log.partitioner import Partitioner
+from meshmq.log.view import LogView
+
+PARTITIONS = 8
+
+
+def metadata(node: Node) -> dict:
+    url = f"http://127.0.0.1:{node.ports['admin']}/api/v1/cluster"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.load(answer).get("metadata") or {}
+
+
+@contextmanager
+def metadata_cluster(tmp: Path, count: int = 3) -> Iterator[tuple[Nodes, dict[int, str]]]:
+    """``count`` nodes of 2 workers whose voters name each other; yielded with each
+    partition's leader node once every node's metadata has assigned them all."""
+    ports = free_port_pairs(count)
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+    nodes = Nodes([])
+    try:
+        for index, port in enumerate(ports):
+            name = f"n{index + 1}"
+            seeds = [f"127.0.0.1:{other}" for other in ports if other != port]
+            text = cluster_config(tmp, name, seeds, extra="metadata = true\n" + admin)
+            text = text.replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"', 1)
+            node = Node(name, tmp / name, text, workers=2)
+            nodes.members.append(node)
+            node.start()
+        leaders: dict[int, str] = {}
+        for node in nodes:
+            found = wait_for(lambda node=node: len(metadata(node).get("partitions", {}))
+                             == PARTITIONS and metadata(node), timeout=60,
+                             what=f"{node.name}'s metadata to assign every partition")
+            leaders = {int(p): a["leader"] for p, a in found["partitions"].items()}
+        yield nodes, leaders
+    finally:
+        nodes.stop_all()
+
+
+def topics_by_partition() -> dict[int, str]:
+    """One topic per partition (as every node's partitioner places it)."""
+    partitioner, found = Partitioner(PARTITIONS, None), {}
+    index = 0
+    while len(found) < PARTITIONS:
+        topic = f"seq/{index}"
+        found.setdefault(partitioner.partition_for(topic), topic)
+        index += 1
+    return found
+
+
+def publish(client: Client, topic: str, payload: str) -> int:
+    """A QoS 1 publish; its PUBACK's reason code (below 0x80: stored)."""
+    info = client.paho.publish(topic, payload, qos=1)
+    while True:
+        mid, code = client.acked.get(timeout=30)
+        if mid == info.mid:
+            return code.value
+
+
+def test_a_publish_on_any_node_is_stored_by_its_partitions_leader_node_and_reaches_all(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """Every node publishes to every partition: each message is acknowledged, stored once,
+    in its leader node's log only, and reaches a subscriber on every node exactly once, in
+    each publisher's order per partition. Then a node is killed with -9: its partitions are
+    refused (0x80, offline) while the others' still take publishes and deliver them."""
+    topics = topics_by_partition()
+    with metadata_cluster(tmp_path) as (nodes, leaders):
+        assert sorted(set(leaders.values())) == ["n1", "n2", "n3"]
+        publishers = {node.name: client_factory(f"pub-{node.name}") for node in nodes}
+        for node in nodes:
+            publishers[node.name].connect(node.port)
+        for node in nodes:  # every worker's mirror has the assignment: each probe stored
+            for topic in topics.values():
+                wait_for(lambda node=node, topic=topic: publish(
+                    publishers[node.name], topic, "probe") < 0x80, timeout=30,
+                    what=f"a publish on {node.name} to {topic} to be stored")
+        subscribers = {}
+        for node in nodes:
+            subscriber = client_factory(f"sub-{node.name}")
+            subscriber.connect(node.port)
+            subscriber.subscribe("seq/#", qos=1)
+            subscribers[node.name] = subscriber
+        rounds = 20
+        for number in range(rounds):
+            for node in nodes:
+                for partition, topic in topics.items():
+                    assert publish(publishers[node.name], topic,
+                                   f"{node.name}:{partition}:{number}") < 0x80
+        sent = rounds * len(nodes) * PARTITIONS
+        for name, subscriber in subscribers.items():
+            got: dict[tuple[str, str], list[int]] = defaultdict(list)
+            for _ in range(sent):
+                message = subscriber.expect(timeout=30)
+                publisher, partition, number = message.payload.decode().split(":")
+                got[(publisher, partition)].append(int(number))
+            for key, numbers in got.items():
+                assert numbers == list(range(rounds)), (name, key, numbers)  # once, in order
+            assert len(got) == len(nodes) * PARTITIONS
+        for node in nodes:  # each partition's records on its leader's disk only
+            with LogView(node.data_dir) as view:
+                for partition in range(PARTITIONS):
+                    records = view.read(partition, view.earliest_offset(partition))
+                    real = [r for r in records if not r.payload.startswith(b"probe")]
+                    expected = sent // PARTITIONS if leaders[partition] == node.name else 0
+                    assert len(real) == expected, (node.name, partition, len(real))
+
+        victim = nodes[2]
+        victim.kill()
+        lost = [p for p, leader in leaders.items() if leader == victim.name]
+        kept = [p for p, leader in leaders.items() if leader != victim.name]
+        publisher = publishers["n1"]
+        wait_for(lambda: publish(publisher, topics[lost[0]], "offline?") == 0x80, timeout=30,
+                 what=f"a publish to a partition of {victim.name} to be refused")
+        for partition in lost:
+            assert publish(publisher, topics[partition], "offline") == 0x80
+        for partition in kept:
+            assert publish(publisher, topics[partition], f"n1:{partition}:after") < 0x80
+            message = subscribers["n2"].expect(timeout=30)
+            assert message.payload.decode() == f"n1:{partition}:after"
+        shown = subprocess.run(
+            [sys.executable, "-m", "meshmq", "cluster", "status", "--admin",
+             f"http://127.0.0.1:{nodes[0].ports['admin']}", "--api-key", ADMIN_KEY],
+            capture_output=True, text=True, timeout=30).stdout
+        assert shown.count("offline") >= len(lost), shown
