@@ -44,6 +44,10 @@ from meshmq.cluster.codec import (
     LinkError,
     LinkHello,
     Members,
+    NodeAppend,
+    NodeAppendAnswer,
+    NodeAppended,
+    NodeAppendEntry,
     NodeStats,
     Ping,
     QueryRetained,
@@ -104,6 +108,8 @@ def messages_in(frame: object) -> list[bytes]:
     """The message bodies a frame carries (each decoded by whoever handles the frame)."""
     if isinstance(frame, Forward | Retain | Deliver | ServiceRequest | ServiceReply):
         return [frame.message]
+    if isinstance(frame, NodeAppend):
+        return [entry.message for entry in frame.entries]
     if isinstance(frame, Append):
         return [body for _, _, _, _, body in frame.entries]
     if isinstance(frame, Retained):
@@ -219,6 +225,15 @@ CASES: list[tuple[object, bytes, bool]] = [
      u("Q", 7) + text_bytes("s") + text_bytes("3-6") + text_bytes("w2") + u("IB", 1, 1)
      + text_bytes("r") + PLAIN_BODY, False),
     (ServiceReplied(8, "accepted"), u("Q", 8) + text_bytes("accepted"), True),
+    (NodeAppend([NodeAppendEntry(2**64 - 1, 7, 3, "c-é", b"m" * 16, True, MESSAGE_BODY),
+                 NodeAppendEntry(1, 0, 1, "", b"n" * 16, False, PLAIN_BODY)]),
+     u("I", 2) + u("QII", 2**64 - 1, 7, 3) + text_bytes("c-é") + blob_bytes(b"m" * 16)
+     + u("B", 1) + blob_bytes(MESSAGE_BODY) + u("QII", 1, 0, 1) + text_bytes("")
+     + blob_bytes(b"n" * 16) + u("B", 0) + blob_bytes(PLAIN_BODY), True),
+    (NodeAppended([NodeAppendAnswer(2**64 - 1, 0, 2**63, 4),
+                   NodeAppendAnswer(5, 1, 0, 0, "n-é", 2**32 - 1)]),
+     u("I", 2) + u("QBQI", 2**64 - 1, 0, 2**63, 4) + text_bytes("") + u("I", 0)
+     + u("QBQI", 5, 1, 0, 0) + text_bytes("n-é") + u("I", 2**32 - 1), True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -342,6 +357,11 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
                                        st.none() | st.tuples(unicode_text,
                                                              st.none() | bodies), bodies),
     FrameType.SERVICE_REPLIED: st.builds(ServiceReplied, u64s, unicode_text),
+    FrameType.NODE_APPEND: st.builds(NodeAppend, st.lists(st.builds(
+        NodeAppendEntry, u64s, u32s, u32s, unicode_text, st.binary(min_size=16, max_size=16),
+        st.booleans(), bodies), max_size=3)),
+    FrameType.NODE_APPENDED: st.builds(NodeAppended, st.lists(st.builds(
+        NodeAppendAnswer, u64s, u8s, u64s, u32s, unicode_text, u32s), max_size=3)),
 }
 any_frame = st.sampled_from(list(FrameType)).flatmap(lambda t: FRAME_STRATEGIES[t])
 
