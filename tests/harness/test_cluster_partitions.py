@@ -145,3 +145,38 @@ def test_a_publish_on_any_node_is_stored_by_its_partitions_leader_node_and_reach
              f"http://127.0.0.1:{nodes[0].ports['admin']}", "--api-key", ADMIN_KEY],
             capture_output=True, text=True, timeout=30).stdout
         assert shown.count("offline") >= len(lost), shown
+
+
+def test_what_a_leader_node_acknowledged_survives_its_kill_9(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """A publisher on n1 sends to a partition led by n2 without waiting for each PUBACK; n2
+    is killed with -9 in the middle. Every publish n1 acknowledged is in n2's log on disk
+    (once), and the publishes after the kill are refused or left unacknowledged, never
+    acknowledged."""
+    topics = topics_by_partition()
+    with metadata_cluster(tmp_path) as (nodes, leaders):
+        victim = nodes[1]
+        partition = next(p for p, leader in leaders.items() if leader == victim.name)
+        publisher = client_factory("pub-n1")
+        publisher.connect(nodes[0].port)
+        wait_for(lambda: publish(publisher, topics[partition], "probe") < 0x80, timeout=30,
+                 what="a publish to the victim's partition to be stored")
+        acked: dict[int, int] = {}  # mid -> reason code
+        publisher.paho.on_publish = lambda c, u, mid, rc, props: acked.__setitem__(mid, rc.value)
+        payload_of: dict[int, int] = {}
+        for number in range(3000):
+            info = publisher.paho.publish(topics[partition], f"n{number}", qos=1)
+            payload_of[info.mid] = number
+            if number == 1500:
+                wait_for(lambda: len(acked) > 200, what="some PUBACKs before the kill")
+                victim.kill()
+        wait_for(lambda: len(acked) == len(payload_of) or not publisher.disconnects.empty(),
+                 timeout=30, what="every publish answered or the connection closed")
+        stored = {payload_of[mid] for mid, code in acked.items() if code < 0x80}
+        assert len(stored) > 200
+        with LogView(victim.data_dir) as view:
+            records = view.read(partition, view.earliest_offset(partition))
+        found = [int(r.payload[1:]) for r in records if r.payload.startswith(b"n")]
+        assert len(found) == len(set(found))  # once each
+        missing = stored - set(found)
+        assert not missing, f"acknowledged but not in the leader's log: {sorted(missing)[:10]}"
