@@ -452,9 +452,10 @@ def _cluster_keys() -> dict[str, _Key]:
             " knows before any other frame; required when cluster.listen is not a loopback"
             " address"),
         "cluster.metadata": _Key(
-            bool, None, "run this node's metadata voter (Raft, on the cluster port + 1; not"
-            " yet used by partitions): the voters are this node and its seeds, which must"
-            " then name every other node; needs cluster.secret_file"),
+            bool, None, "run this node's metadata voter (Raft, on the cluster port + 1) and"
+            " lead the log's partitions across nodes by its assignment: the voters are this"
+            " node and its seeds, which must then name every other node; needs"
+            " cluster.secret_file"),
     }
 
 
