@@ -329,32 +329,43 @@ def free_port_pairs(count: int) -> list[int]:
     return found
 
 
-def test_the_metadata_agrees_on_members_a_controller_and_the_partitions(
-        tmp_path: Path) -> None:
-    """Three nodes whose seeds name each other run a metadata voter each (cluster.metadata):
-    every node registers, the Raft leader's node becomes the controller and assigns every
-    partition once; kill -9 of the controller's node: another takes over with a new epoch
-    and moves nothing, and the dead node's partitions are reported offline."""
-    ports = free_port_pairs(3)
+def metadata(node: Node) -> dict:
+    """The metadata as the node's admin API shows it (its members, controller, partitions)."""
+    url = f"http://127.0.0.1:{node.ports['admin']}/api/v1/cluster"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.load(answer).get("metadata") or {}
+
+
+def start_metadata_cluster(tmp: Path, count: int = 3) -> Nodes:
+    """``count`` nodes of 2 workers, each running a metadata voter (cluster.metadata) and an
+    admin listener; the seeds of each name all the others."""
+    ports = free_port_pairs(count)
     admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
     nodes = Nodes([])
     try:
         for index, port in enumerate(ports):
             name = f"n{index + 1}"
             seeds = [f"127.0.0.1:{other}" for other in ports if other != port]
-            text = cluster_config(tmp_path, name, seeds, extra="metadata = true\n" + admin)
+            text = cluster_config(tmp, name, seeds, extra="metadata = true\n" + admin)
             text = text.replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"', 1)
-            node = Node(name, tmp_path / name, text, workers=2)
+            node = Node(name, tmp / name, text, workers=2)
             nodes.members.append(node)
             node.start()
+    except BaseException:
+        nodes.stop_all()
+        raise
+    return nodes
 
-        def metadata(node: Node) -> dict:
-            url = f"http://127.0.0.1:{node.ports['admin']}/api/v1/cluster"
-            request = urllib.request.Request(url, headers={"Authorization":
-                                                            f"Bearer {ADMIN_KEY}"})
-            with urllib.request.urlopen(request, timeout=10) as answer:
-                return json.load(answer).get("metadata") or {}
 
+def test_the_metadata_agrees_on_members_a_controller_and_the_partitions(
+        tmp_path: Path) -> None:
+    """Three nodes whose seeds name each other run a metadata voter each (cluster.metadata):
+    every node registers, the Raft leader's node becomes the controller and assigns every
+    partition once; kill -9 of the controller's node: another takes over with a new epoch
+    and moves nothing, and the dead node's partitions are reported offline."""
+    nodes = start_metadata_cluster(tmp_path)
+    try:
         def settled(node: Node) -> dict:
             found = metadata(node)
             done = len(found.get("members", {})) == 3 and len(found.get("partitions", {})) == 8
