@@ -136,7 +136,7 @@ def test_what_a_leader_node_acknowledged_survives_its_kill_9(
     """A publisher on n1 sends to a partition led by n2 without waiting for each PUBACK; n2
     is killed with -9 in the middle. Every publish n1 acknowledged is in n2's log on disk
     (once), and the publishes after the kill are refused or left unacknowledged, never
-    acknowledged."""
+    acknowledged. Restarted on its data, n2 serves the partition again, offsets going on."""
     topics = topics_by_partition()
     with metadata_cluster(tmp_path) as (nodes, leaders):
         victim = nodes[1]
@@ -164,3 +164,15 @@ def test_what_a_leader_node_acknowledged_survives_its_kill_9(
         assert len(found) == len(set(found))  # once each
         missing = stored - set(found)
         assert not missing, f"acknowledged but not in the leader's log: {sorted(missing)[:10]}"
+
+        victim.restart()  # same data and ports: it rejoins, its partition is served again
+        again = client_factory("pub-n1-again")
+        again.connect(nodes[0].port)
+        wait_for(lambda: publish(again, topics[partition], "back") < 0x80, timeout=60,
+                 what=f"the partition to be served again by {victim.name}")
+        with LogView(victim.data_dir) as view:
+            records = view.read(partition, view.earliest_offset(partition))
+        assert records[-1].payload == b"back"  # appended after what it held, offsets go on
+        assert [r.offset for r in records] == list(range(records[0].offset,
+                                                         records[0].offset + len(records)))
+        assert {int(r.payload[1:]) for r in records if r.payload.startswith(b"n")} == set(found)
