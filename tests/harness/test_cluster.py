@@ -250,6 +250,54 @@ def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
         in output
 
 
+def acknowledged(client: Client, topic: str, payload: str) -> int:
+    """A QoS 1 publish; its PUBACK's reason code (below 0x80: stored)."""
+    info = client.paho.publish(topic, payload, qos=1)
+    while True:
+        mid, code = client.acked.get(timeout=30)
+        if mid == info.mid:
+            return code.value
+
+
+def test_cluster_dev_with_metadata_leads_the_partitions_across_its_nodes(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """``cluster dev --metadata``: the nodes run their voters (a secret drawn for them), the
+    partitions are assigned to both nodes, and a publish on one reaches the other."""
+    mqtt_port, cluster_port, admin_port = free_runs(3, 4)
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "meshmq", "cluster", "dev", "--nodes", "2", "--metadata",
+         "--dir", str(tmp_path / "dev"), "--port", str(mqtt_port), "--cluster-port",
+         str(cluster_port), "--admin-port", str(admin_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def shown() -> str:
+            return subprocess.run(
+                [sys.executable, "-m", "meshmq", "cluster", "status", "--admin",
+                 f"http://127.0.0.1:{admin_port}", "--api-key", "dev"],
+                capture_output=True, text=True, timeout=30).stdout
+
+        status = wait_for(lambda: (text := shown()) and len(re.findall(
+            r"^\d+\s+n[12]\s+\d+\s+1\s+online$", text, re.M)) == 8 and text, timeout=60,
+            what="the partitions to be assigned")
+        assert {"n1", "n2"} == set(re.findall(r"^\d+\s+(n[12])\s", status, re.M)), status
+        secret = tmp_path / "dev" / "cluster.secret"
+        assert secret.stat().st_mode & 0o777 == 0o600
+        subscriber = client_factory("dev-sub")
+        subscriber.connect(mqtt_port + 1)
+        subscriber.subscribe("dev/#", qos=1)
+        publisher = client_factory("dev-pub")
+        publisher.connect(mqtt_port)
+        for number in range(16):  # topics over every partition; each stored (PUBACK < 0x80)
+            wait_for(lambda number=number: acknowledged(publisher, f"dev/{number}", str(number))
+                     < 0x80, timeout=30, what=f"dev/{number} to be stored")
+        assert sorted(int(subscriber.expect().payload) for _ in range(16)) == list(range(16))
+    finally:
+        dev.send_signal(signal.SIGINT)
+        output, _ = dev.communicate(timeout=60)
+    assert dev.returncode == 0, output
+    assert "partitions led across them (metadata on)" in output
+
+
 LONG = os.environ.get("MESHMQ_FAULTS") == "1"
 
 

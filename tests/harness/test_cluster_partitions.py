@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nodes import Nodes
-from test_cluster import ADMIN_KEY, metadata, start_metadata_cluster
+from test_cluster import ADMIN_KEY, acknowledged, metadata, start_metadata_cluster
 
 from conftest import Client, wait_for
 from meshmq.log.partitioner import Partitioner
@@ -53,15 +53,6 @@ def topics_by_partition() -> dict[int, str]:
     return found
 
 
-def publish(client: Client, topic: str, payload: str) -> int:
-    """A QoS 1 publish; its PUBACK's reason code (below 0x80: stored)."""
-    info = client.paho.publish(topic, payload, qos=1)
-    while True:
-        mid, code = client.acked.get(timeout=30)
-        if mid == info.mid:
-            return code.value
-
-
 def test_a_publish_on_any_node_is_stored_by_its_partitions_leader_node_and_reaches_all(
         tmp_path: Path, client_factory: Callable[..., Client]) -> None:
     """Every node publishes to every partition: each message is acknowledged, stored once,
@@ -76,7 +67,7 @@ def test_a_publish_on_any_node_is_stored_by_its_partitions_leader_node_and_reach
             publishers[node.name].connect(node.port)
         for node in nodes:  # every worker's mirror has the assignment: each probe stored
             for topic in topics.values():
-                wait_for(lambda node=node, topic=topic: publish(
+                wait_for(lambda node=node, topic=topic: acknowledged(
                     publishers[node.name], topic, "probe") < 0x80, timeout=30,
                     what=f"a publish on {node.name} to {topic} to be stored")
         subscribers = {}
@@ -89,7 +80,7 @@ def test_a_publish_on_any_node_is_stored_by_its_partitions_leader_node_and_reach
         for number in range(rounds):
             for node in nodes:
                 for partition, topic in topics.items():
-                    assert publish(publishers[node.name], topic,
+                    assert acknowledged(publishers[node.name], topic,
                                    f"{node.name}:{partition}:{number}") < 0x80
         sent = rounds * len(nodes) * PARTITIONS
         for name, subscriber in subscribers.items():
@@ -119,9 +110,9 @@ def test_a_publish_on_any_node_is_stored_by_its_partitions_leader_node_and_reach
                  what=f"both workers of n1 to see {victim.name} gone")  # (a publish sent
         # before would have an unknown outcome: its connection closed, no PUBACK)
         for partition in lost:
-            assert publish(publisher, topics[partition], "offline") == 0x80
+            assert acknowledged(publisher, topics[partition], "offline") == 0x80
         for partition in kept:
-            assert publish(publisher, topics[partition], f"n1:{partition}:after") < 0x80
+            assert acknowledged(publisher, topics[partition], f"n1:{partition}:after") < 0x80
             message = subscribers["n2"].expect(timeout=30)
             assert message.payload.decode() == f"n1:{partition}:after"
         shown = subprocess.run(
@@ -143,7 +134,7 @@ def test_what_a_leader_node_acknowledged_survives_its_kill_9(
         partition = next(p for p, leader in leaders.items() if leader == victim.name)
         publisher = client_factory("pub-n1")
         publisher.connect(nodes[0].port)
-        wait_for(lambda: publish(publisher, topics[partition], "probe") < 0x80, timeout=30,
+        wait_for(lambda: acknowledged(publisher, topics[partition], "probe") < 0x80, timeout=30,
                  what="a publish to the victim's partition to be stored")
         acked: dict[int, int] = {}  # mid -> reason code
         publisher.paho.on_publish = lambda c, u, mid, rc, props: acked.__setitem__(mid, rc.value)
@@ -168,7 +159,7 @@ def test_what_a_leader_node_acknowledged_survives_its_kill_9(
         victim.restart()  # same data and ports: it rejoins, its partition is served again
         again = client_factory("pub-n1-again")
         again.connect(nodes[0].port)
-        wait_for(lambda: publish(again, topics[partition], "back") < 0x80, timeout=60,
+        wait_for(lambda: acknowledged(again, topics[partition], "back") < 0x80, timeout=60,
                  what=f"the partition to be served again by {victim.name}")
         with LogView(victim.data_dir) as view:
             records = view.read(partition, view.earliest_offset(partition))

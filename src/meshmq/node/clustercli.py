@@ -34,6 +34,9 @@ def add_cluster_command(commands: Any) -> None:
     dev.add_argument("--admin-port", type=int, default=18083, metavar="N",
                      help="admin listener of the first node, the others on the next ones, "
                      "API key 'dev' (default 18083; 0: none)")
+    dev.add_argument("--metadata", action="store_true",
+                     help="run the metadata voters (Raft): the log's partitions are led "
+                     "across the nodes; the cluster ports then go up by two")
     dev.set_defaults(run=_dev)
     status = actions.add_parser(
         "status", help="a node's view of the cluster: members, links, suspected nodes",
@@ -70,7 +73,7 @@ def _dev(args: argparse.Namespace) -> int:
     from meshmq.node.devcluster import run_dev_cluster
 
     return run_dev_cluster(args.nodes, args.dir, args.port, args.cluster_port, args.workers,
-                           args.admin_port)
+                           args.admin_port, args.metadata)
 
 
 def _ask(args: argparse.Namespace, action: str, path: str, method: str = "GET"

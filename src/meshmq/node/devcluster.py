@@ -4,12 +4,18 @@ Each node is a ``meshmq serve`` process of its own with its own data directory
 (``DIR/n1``, ``DIR/n2``...), MQTT port (``--port``, then the next ones) and cluster port
 (``--cluster-port``, then the next ones), all on loopback (so no secret is needed: only this
 host can reach them). The first node starts the cluster; the others name it as their seed.
+With ``--metadata`` each node also runs a metadata voter (``cluster.metadata``: Raft on its
+cluster port + 1, so the cluster ports go up by two), every node names all the others as
+seeds (the voters), and a secret is drawn into ``DIR/cluster.secret`` (pysyncobj's messages
+must be authenticated even on loopback): the partitions are then led across the nodes.
 Ctrl-C (or SIGTERM) stops them all; if one of them exits, the others are stopped too and the
 command exits with status 1. A node's log goes to ``DIR/nN/node.log``.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,20 +39,38 @@ class DevNode:
 DEV_API_KEY = "dev"  # the admin listeners are on 127.0.0.1 only: a trial cluster's key
 
 
-def node_config(node: DevNode, seed: int | None) -> str:
-    seeds = f'["127.0.0.1:{seed}"]' if seed is not None else "[]"
+def node_config(node: DevNode, seeds: list[int], secret_file: Path | None = None) -> str:
+    """``secret_file``: with the metadata on (``seeds`` then names every other node)."""
+    listed = ", ".join(f'"127.0.0.1:{seed}"' for seed in seeds)
     admin = "" if node.admin_port is None else (
         f'\n[admin]\nlisten = "127.0.0.1:{node.admin_port}"\napi_key = "{DEV_API_KEY}"\n')
+    metadata = "" if secret_file is None else (
+        f'metadata = true\nsecret_file = "{secret_file}"\n')
     return (f'[cluster]\nnode_id = "{node.name}"\nlisten = "127.0.0.1:{node.cluster_port}"\n'
-            f"seeds = {seeds}\n{admin}")
+            f"seeds = [{listed}]\n{metadata}{admin}")
+
+
+def dev_secret(directory: Path) -> Path:
+    """The trial cluster's secret (drawn once, kept for its next runs), readable by its
+    owner only."""
+    path = directory / "cluster.secret"
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(secrets.token_hex(32) + "\n")
+    return path
 
 
 def run_dev_cluster(count: int, directory: Path, port: int, cluster_port: int,
-                    workers: int, admin_port: int = 0) -> int:
+                    workers: int, admin_port: int = 0, metadata: bool = False) -> int:
     """Start ``count`` nodes, wait for Ctrl-C or for one to exit; the exit status.
-    ``admin_port``: the first node's admin listener, the others on the next ones (0: none)."""
-    nodes = [DevNode(f"n{i + 1}", directory / f"n{i + 1}", port + i, cluster_port + i,
+    ``admin_port``: the first node's admin listener, the others on the next ones (0: none);
+    ``metadata``: run the metadata voters (see the module docstring)."""
+    step = 2 if metadata else 1  # (a voter's Raft port is its cluster port + 1)
+    nodes = [DevNode(f"n{i + 1}", directory / f"n{i + 1}", port + i, cluster_port + step * i,
                      admin_port + i if admin_port else None) for i in range(count)]
+    secret_file = dev_secret(directory) if metadata else None
     stopping: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: stopping.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -54,15 +78,20 @@ def run_dev_cluster(count: int, directory: Path, port: int, cluster_port: int,
         for node in nodes:
             node.directory.mkdir(parents=True, exist_ok=True)
             config = node.directory / "meshmq.toml"
-            config.write_text(node_config(node, None if node is nodes[0]
-                                          else nodes[0].cluster_port))
+            if metadata:  # every node is a voter: each names all the others
+                seeds = [other.cluster_port for other in nodes if other is not node]
+            else:  # the first node starts the cluster, the others join through it
+                seeds = [] if node is nodes[0] else [nodes[0].cluster_port]
+            config.write_text(node_config(node, seeds, secret_file))
             with open(node.directory / "node.log", "ab") as log_file:
                 node.proc = subprocess.Popen(
                     [sys.executable, "-m", "meshmq", "serve", "--config", str(config),
                      "--bind", "127.0.0.1", "--port", str(node.port), "--data-dir",
                      str(node.directory / "data"), "--workers", str(workers)],
                     stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-        print(f"meshmq cluster dev: {count} nodes on 127.0.0.1 (Ctrl-C stops them all)")
+        print(f"meshmq cluster dev: {count} nodes on 127.0.0.1"
+              f"{', partitions led across them (metadata on)' if metadata else ''} "
+              "(Ctrl-C stops them all)")
         for node in nodes:
             admin = "" if node.admin_port is None else \
                 f"  admin http://127.0.0.1:{node.admin_port}"
