@@ -426,15 +426,17 @@ def print_tables(tables: dict[str, list[dict[str, object]]],
                 str(n), str(run.get("victim", "-"))
                 + (" (controller)" if run.get("victim_was_controller") else ""),
                 num(f.get("suspected_s")), num(f.get("down_s")), num(f.get("controller_moved_s")),
-                num(f.get("ack_gap_before_s"), 3), num(f.get("ack_gap_after_s"), 3),
-                num(f.get("ack_gap_after_victim_partitions_s"), 3),
+                num(f.get("ack_gap_before_s"), 3),
+                num(f.get("ack_gap_after_other_partitions_s"), 3),
+                num(f.get("victim_partitions_refused_s"), 3),
                 num(f.get("ack_latency_max_after_s"), 3), num(f.get("delivery_gap_after_s"), 3),
                 *([num(f.get("relinked_s")), num(f.get("victim_subscribers_resumed_s")),
                    num(f.get("victim_subscribers_missed"), 0)]
                   if args.fault == "pause" else []),
                 "ok" if run["ok"] else "FAILED"])
         print(grid(["run", "failed node", "suspected", "reported down", "controller moved",
-                    "PUBACK gap before", "PUBACK gap after", "(victim's partitions)",
+                    "PUBACK gap before", "PUBACK gap after (other partitions)",
+                    "its partitions refused after",
                     "max PUBACK wait after", "delivery gap after",
                     *(["relinked after SIGCONT", "its subscribers heard new publishes",
                        "messages its subscribers missed"]

@@ -32,10 +32,13 @@ delivered to the surviving subscribers.
 Figures: those times from the fault (``t_kill`` in the code, either fault); per publisher, the
 longest gap between two PUBACKs after the fault against the longest before it (the pacing and
 fsync jitter), and the longest publish-to-PUBACK time of a publish sent after the fault; the
-same gap for deliveries. Topics
-whose partition the metadata assigns to the victim are reported apart: today appends stay on
-the node that received the publish (docs/cluster.md, Limits), so they are expected to go on
-too.
+same gap for deliveries. Topics whose partition the metadata assigns to the victim are
+reported apart: their publishes are appended by the victim (docs/cluster.md, Partitions
+across nodes), so after the fault they are refused (PUBACK 0x80: the partition is offline)
+or, when the victim hung with appends in flight, their outcome is unknown and the broker
+closes the publisher's connection; **refused at** is the time from the fault to the first
+such refusal or close, per publisher. For those topics what was acknowledged with success
+must still be delivered; the others must see every publish acknowledged and delivered.
 """
 
 from __future__ import annotations
@@ -90,9 +93,13 @@ class Paced:
     next_at: float = 0.0
     sent_at: list[float] = field(default_factory=list)  # per QoS 1 publish, in order
     acked_at: list[float] = field(default_factory=list)  # per PUBACK, in order
+    victim_led: bool = False  # its partition is led by the node that fails
+    refused_at: float | None = None  # the first PUBACK with an error code, or the close
+    closed: bool = False  # the broker closed it (an unknown outcome)
 
     def due(self, now: float) -> bool:
-        return now >= self.next_at and self.pub.in_flight() < MAX_IN_FLIGHT
+        return (not self.closed and now >= self.next_at
+                and self.pub.in_flight() < MAX_IN_FLIGHT)
 
     def send(self, now: float) -> None:
         self.pub.refill(1)
@@ -225,7 +232,8 @@ def _observe(cluster: Cluster, victim: ClusterNode, state: dict, baseline: float
                 publisher = Publisher(index, sock, None, topic, 1)
                 sock.setblocking(False)
                 selector.register(sock, selectors.EVENT_READ, publisher)
-                paced.append(Paced(publisher, node.name, topic, partition, 1.0 / rate))
+                paced.append(Paced(publisher, node.name, topic, partition, 1.0 / rate,
+                                   victim_led=partition in led_by_victim))
         _probe(selector, paced, heard)
         watcher = Watcher(survivors)
         watcher.start()
@@ -342,12 +350,19 @@ def _read(selector: selectors.BaseSelector, paced: list[Paced], heard: list[list
                 end.resumed_at = now
             _flush_acks(end)
         else:
-            if not data:
-                raise BenchError(f"the broker closed publisher {end.index}")
             p = paced[end.index]
-            before = end.acked
+            if not data:
+                if not p.victim_led:
+                    raise BenchError(f"the broker closed publisher {end.index}")
+                p.closed = True  # its partition's leader failed with appends in flight
+                p.refused_at = p.refused_at or now
+                selector.unregister(key.fileobj)
+                continue
+            before, refused = end.acked, end.refused
             end.feed(data)
             p.acked_at.extend([now] * (end.acked - before))
+            if end.refused > refused and p.refused_at is None:
+                p.refused_at = now
 
 
 def _run(selector: selectors.BaseSelector, paced: list[Paced], heard: list[list[Heard]],
@@ -359,7 +374,8 @@ def _run(selector: selectors.BaseSelector, paced: list[Paced], heard: list[list[
         for p in paced:
             if p.due(now):
                 p.send(now)
-            p.pub.flush()
+            if not p.closed:
+                p.pub.flush()
         soonest = min(p.next_at for p in paced)
         _read(selector, paced, heard, max(0.0, min(soonest - time.monotonic(), 0.005)))
         for ends in heard:
@@ -379,11 +395,12 @@ def _flush_acks(end: Heard) -> None:
 def _drain(selector: selectors.BaseSelector, paced: list[Paced],
            heard: list[list[Heard]]) -> None:
     quiet_since, last = time.monotonic(), -1
-    while any(p.pub.in_flight() or p.pub.out for p in paced) or any(
+    while any((p.pub.in_flight() or p.pub.out) and not p.closed for p in paced) or any(
             end.sub.next_seq < p.pub.generated
             for p, ends in zip(paced, heard, strict=True) for end in ends if not end.closed):
         for p in paced:
-            p.pub.flush()
+            if not p.closed:
+                p.pub.flush()
         progress = sum(p.pub.acked for p in paced) + sum(
             end.sub.received for ends in heard for end in ends)
         if progress != last:
@@ -426,17 +443,26 @@ def _outcome(cluster: Cluster, victim: ClusterNode, state: dict, led_by_victim: 
         survivor = next(end for end in ends if end.node != victim.name)
         d_before, d_after = gaps(survivor.times, t_kill)
         missing = max(0, p.pub.generated - survivor.sub.next_seq) + survivor.sub.gaps
-        if p.pub.in_flight():
+        if p.victim_led:  # refused or unknown after the fault: what was stored must arrive
+            stored = p.pub.acked - p.pub.refused  # (PUBACKs in publish order, refusals last)
+            delivered = survivor.sub.next_seq - survivor.sub.gaps
+            missing = max(0, stored - delivered)
+            if p.refused_at is not None and p.refused_at < t_kill:
+                problems.append(f"{p.topic}: refused before the fault")
+        elif p.pub.in_flight():
             problems.append(f"{p.topic}: {p.pub.in_flight()} publishes never acknowledged")
         if missing or survivor.sub.dups:
             problems.append(f"{p.topic}: {missing} missing, {survivor.sub.dups} duplicated on "
                             f"the surviving subscriber")
         problems += [f"{p.topic}: {text}" for text in p.pub.problems()
-                     if "unacknowledged" not in text]
+                     if "unacknowledged" not in text
+                     and not (p.victim_led and "error code" in text)]
         per_pub.append({
             "node": p.node, "topic": p.topic, "partition": p.partition,
             "partition_led_by_victim": p.partition in led_by_victim,
-            "published": p.pub.generated, "acked": acked,
+            "published": p.pub.generated, "acked": acked, "refused": p.pub.refused,
+            "closed": p.closed,
+            "refused_s": None if p.refused_at is None else p.refused_at - t_kill,
             "ack_gap_before_s": before, "ack_gap_after_s": after,
             "ack_latency_p50_before_s": _median(latencies_before),
             "ack_latency_max_after_s": max(latencies_after, default=None),
@@ -453,6 +479,9 @@ def _outcome(cluster: Cluster, victim: ClusterNode, state: dict, led_by_victim: 
         "delivery_gap_before_s": max(r["delivery_gap_before_s"] for r in per_pub),
         "delivery_gap_after_s": max(r["delivery_gap_after_s"] for r in per_pub),
         "admin_poll_p50_s": _median(polls), "admin_poll_max_s": max(polls, default=None),
+        # the victim's partitions: the time until each of their publishers was told
+        "victim_partitions_refused_s": _worst([r["refused_s"] for r in per_pub
+                                               if r["partition_led_by_victim"]]),
     }
     for led in (True, False):
         rows = [r for r in per_pub if r["partition_led_by_victim"] is led]

@@ -34,9 +34,11 @@ from meshmq.cluster.codec import (
     Claim,
     Claimed,
     Deliver,
+    Fetch,
     Forget,
     Forward,
     ForwardAck,
+    ForwardAt,
     FrameReader,
     FrameType,
     Hello,
@@ -108,6 +110,8 @@ def messages_in(frame: object) -> list[bytes]:
     """The message bodies a frame carries (each decoded by whoever handles the frame)."""
     if isinstance(frame, Forward | Retain | Deliver | ServiceRequest | ServiceReply):
         return [frame.message]
+    if isinstance(frame, ForwardAt):
+        return [frame.forward.message]
     if isinstance(frame, NodeAppend):
         return [entry.message for entry in frame.entries]
     if isinstance(frame, Append):
@@ -234,6 +238,13 @@ CASES: list[tuple[object, bytes, bool]] = [
                    NodeAppendAnswer(5, 1, 0, 0, "n-é", 2**32 - 1)]),
      u("I", 2) + u("QBQI", 2**64 - 1, 0, 2**63, 4) + text_bytes("") + u("I", 0)
      + u("QBQI", 5, 1, 0, 0) + text_bytes("n-é") + u("I", 2**32 - 1), True),
+    (ForwardAt(7, 2**64 - 1, Forward([], MESSAGE_BODY)),
+     u("IQ", 7, 2**64 - 1) + u("I", 0) + MESSAGE_BODY, False),
+    (ForwardAt(0, 3, Forward([("g", "a/+")], PLAIN_BODY, True)),
+     u("IQ", 0, 3) + u("I", 1 | 1 << 31) + text_bytes("g") + text_bytes("a/+") + PLAIN_BODY,
+     False),
+    (Fetch("n-é", [(3, 2**64 - 1), (0, 0)]),
+     text_bytes("n-é") + u("I", 2) + u("IQ", 3, 2**64 - 1) + u("IQ", 0, 0), True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -280,6 +291,9 @@ def test_truncated_bodies_and_trailing_bytes(case: tuple[object, bytes, bool]) -
             decode_frame(frame_type, body + b"\x00")
     else:  # the message runs to the end: a byte more is a byte more of its payload
         longer = decode_frame(frame_type, body + b"\x00")
+        if isinstance(frame, ForwardAt):  # (a FORWARD inside)
+            assert isinstance(longer, ForwardAt)
+            frame, longer = frame.forward, longer.forward
         assert longer == dataclasses.replace(frame, message=frame.message + b"\x00")  # type: ignore[type-var, attr-defined]
         assert decode_message(longer.message, 0.0).payload == b"\x00"  # type: ignore[attr-defined]
 
@@ -288,9 +302,11 @@ def test_which_frames_check_their_end() -> None:
     """Exactly the frames that end with a message body run to the end of the frame."""
     open_ended = {TYPE_OF[type(frame)] for frame, _, checks_end in CASES if not checks_end}
     assert open_ended == {FrameType.FORWARD, FrameType.RETAIN, FrameType.DELIVER,
-                          FrameType.SERVICE_REQUEST, FrameType.SERVICE_REPLY}
+                          FrameType.SERVICE_REQUEST, FrameType.SERVICE_REPLY,
+                          FrameType.FORWARD_AT}
     for frame, _, checks_end in CASES:
-        assert checks_end == ("message" not in {f.name for f in dataclasses.fields(frame)})  # type: ignore[arg-type]
+        fields = {f.name for f in dataclasses.fields(frame)}  # type: ignore[arg-type]
+        assert checks_end == ("message" not in fields and "forward" not in fields)
 
 
 # ---------------------------------------------------------------------- frames from Hypothesis
@@ -360,6 +376,10 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
     FrameType.NODE_APPEND: st.builds(NodeAppend, st.lists(st.builds(
         NodeAppendEntry, u64s, u32s, u32s, unicode_text, st.binary(min_size=16, max_size=16),
         st.booleans(), bodies), max_size=3)),
+    FrameType.FORWARD_AT: st.builds(ForwardAt, u32s, u64s, st.builds(Forward, groups, bodies,
+                                                                      st.booleans())),
+    FrameType.FETCH: st.builds(Fetch, unicode_text, st.lists(st.tuples(u32s, u64s),
+                                                              max_size=3)),
     FrameType.NODE_APPENDED: st.builds(NodeAppended, st.lists(st.builds(
         NodeAppendAnswer, u64s, u8s, u64s, u32s, unicode_text, u32s), max_size=3)),
 }

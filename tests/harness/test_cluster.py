@@ -250,7 +250,7 @@ def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
         in output
 
 
-def acknowledged(client: Client, topic: str, payload: str) -> int:
+def acknowledged(client: Client, topic: str, payload: str | bytes) -> int:
     """A QoS 1 publish; its PUBACK's reason code (below 0x80: stored)."""
     info = client.paho.publish(topic, payload, qos=1)
     while True:

@@ -77,6 +77,8 @@ class FrameType(IntEnum):
     SERVICE_REPLIED = 36  # answer to SERVICE_REPLY: what the reply turned out to be
     NODE_APPEND = 40  # to a partition's leader node: store these publishes (with leader epochs)
     NODE_APPENDED = 41  # answer to NODE_APPEND: where each was stored, or why not (a hint)
+    FORWARD_AT = 42  # a FORWARD of a record of a partition the sender's node leads, and its place
+    FETCH = 43  # to a partition's leader node, after it restarted: send again what came after
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -989,6 +991,64 @@ class NodeAppended:
         return cls(answers)
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardAt:
+    """A FORWARD between nodes of a record of a partition led by the sender's node, with its
+    place in that partition (``partition``, ``offset``): the receiver remembers the last place
+    it got per partition, to ask for what came after should the leader node restart
+    (cluster/catchup.py). The message body itself carries no position."""
+
+    partition: int
+    offset: int
+    forward: Forward
+
+    def encode(self) -> bytes:
+        return forward_at_frame(self.partition, self.offset, self.forward.groups,
+                                self.forward.message, self.forward.relayed)
+
+    @classmethod
+    def decode(cls, body: bytes) -> ForwardAt:
+        if len(body) < 12:
+            raise LinkError("FORWARD_AT ends early")
+        partition, offset = _PLACE.unpack_from(body, 0)
+        return cls(partition, offset, Forward.decode(body[12:]))
+
+
+_PLACE = struct.Struct(">IQ")
+
+
+def forward_at_frame(partition: int, offset: int, groups: list[GroupKey], body: bytes,
+                     relayed: bool = False) -> bytes:
+    """FORWARD_AT: the record's place, then a FORWARD's body."""
+    inner = forward_frame(groups, body, relayed)
+    return (_HEADER.pack(len(inner) - 4 + 12, FrameType.FORWARD_AT)
+            + _PLACE.pack(partition, offset) + inner[5:])
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """To a partition's leader node that restarted: node ``node_id`` got each partition's
+    records up to ``after`` (inclusive) before the restart; the leader forwards it again the
+    records after that which match its routes, up to where its log ended when it started."""
+
+    node_id: str
+    partitions: list[tuple[int, int]]  # (partition, the last offset got)
+
+    def encode(self) -> bytes:
+        writer = Writer().text(self.node_id).u32(len(self.partitions))
+        for partition, after in self.partitions:
+            writer.u32(partition).u64(after)
+        return writer.frame(FrameType.FETCH)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Fetch:
+        reader = Reader(body)
+        node_id = reader.text()
+        partitions = [(reader.u32(), reader.u64()) for _ in range(reader.u32())]
+        reader.end()
+        return cls(node_id, partitions)
+
+
 # ---------------------------------------------------------------------- services
 #
 # Request/reply between the worker processes of a node (services/layer.py): a service worker
@@ -1147,7 +1207,7 @@ Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRe
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
          | Members | RetainSync | NodeStats | Forget | Takeover | ForwardAck | ServiceOffer
          | ServiceSync | ServiceRequest | ServiceReply | ServiceReplied | NodeAppend
-         | NodeAppended)
+         | NodeAppended | ForwardAt | Fetch)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -1167,6 +1227,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.SERVICE_SYNC: ServiceSync, FrameType.SERVICE_REQUEST: ServiceRequest,
     FrameType.SERVICE_REPLY: ServiceReply, FrameType.SERVICE_REPLIED: ServiceReplied,
     FrameType.NODE_APPEND: NodeAppend, FrameType.NODE_APPENDED: NodeAppended,
+    FrameType.FORWARD_AT: ForwardAt, FrameType.FETCH: Fetch,
 }
 
 

@@ -88,6 +88,7 @@ from meshmq.cluster.codec import (
     Routes,
     Synced,
     decode_frame,
+    forward_at_frame,
     forward_frame,
 )
 from meshmq.cluster.requests import Requests
@@ -124,14 +125,14 @@ class Lane(Enum):
 # Every frame type's lane, in one table (the module docstring says why each is where it is).
 LANES: dict[int, Lane] = {frame_type: Lane.CONTROL for frame_type in FrameType}
 LANES.update({FrameType.FORWARD: Lane.DATA, FrameType.APPEND: Lane.DATA,
-              FrameType.NODE_APPEND: Lane.DATA,
+              FrameType.NODE_APPEND: Lane.DATA, FrameType.FORWARD_AT: Lane.DATA,
               FrameType.DELIVER: Lane.DATA, FrameType.RETAIN_SYNC: Lane.DATA,
               FrameType.APPENDED: Lane.ORDERED,
               FrameType.BARRIER_DONE: Lane.ORDERED, FrameType.SYNCED: Lane.ORDERED,
               FrameType.SETTLED: Lane.ORDERED, FrameType.CLAIMED: Lane.ORDERED})
 _TYPE_BYTE = 4  # a frame is length (u32) | type (u8) | body
 # frames a dialed link to another node keeps until acknowledged (cluster/resend.py)
-RESENT = frozenset({FrameType.FORWARD, FrameType.RETAIN_SYNC})
+RESENT = frozenset({FrameType.FORWARD, FrameType.FORWARD_AT, FrameType.RETAIN_SYNC})
 
 Handler = Callable[[int, Any], None]  # (peer, decoded frame)
 Highs = dict[int, int]
@@ -189,6 +190,9 @@ class Mesh:
         # a FORWARD to another node: the body without its place in this node's log, which
         # the other node's log does not share (set by the node's wiring; tests leave it)
         self.encode_for_node: EncodeMessage = encode
+        # partitions led across nodes (cluster/nodeappends.py): a persisted message goes to
+        # another node with its place in the partition (FORWARD_AT, cluster/catchup.py)
+        self.places_for_nodes = False
         self.highs = highs  # the high watermarks of the partitions this worker leads
         self.routes = RouteTable()
         self.requests: Requests[Any] = Requests()
@@ -600,9 +604,27 @@ class Mesh:
                 continue
             if node_body is None:
                 node_body = self.encode_for_node(message, now)
-            self._forward(link, forward_frame(groups, node_body))
+            place = message.position if self.places_for_nodes else None
+            self._forward(link, forward_frame(groups, node_body) if place is None
+                          else forward_at_frame(place[0], place[1], groups, node_body))
         self.counters["forwarded"] += len(targets)
         return here, len(targets)
+
+    def forward_to_node(self, peer: int, message: Message, now: float) -> bool:
+        """Forward a record again to one node only (its routes decide; cluster/catchup.py);
+        False if that node has no match for it or is not linked."""
+        link = self.routable.get(peer)
+        if link is None or link.remote is None:
+            return False
+        _here, targets = self.routes.targets(message.topic, (), {peer: link}, self.parked)
+        groups = targets.get(peer)
+        if groups is None:
+            return False
+        body = self.encode_for_node(message, now)
+        place = message.position
+        self._forward(link, forward_frame(groups, body) if place is None
+                      else forward_at_frame(place[0], place[1], groups, body))
+        return True
 
     def forward_to(self, link: _Link, frame: bytes) -> None:
         self._forward(link, frame)

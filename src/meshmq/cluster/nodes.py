@@ -56,6 +56,7 @@ from meshmq.cluster.codec import (
     Forget,
     Forward,
     ForwardAck,
+    ForwardAt,
     FrameType,
     LinkAuth,
     LinkError,
@@ -120,7 +121,8 @@ class NodePeer:
 # Frames a link between nodes may carry once ready, by the side it arrives on.
 _FROM_ACCEPTOR = frozenset({FrameType.ROUTES, FrameType.MEMBERS, FrameType.PING,
                             FrameType.BARRIER, FrameType.BARRIER_DONE, FrameType.FORWARD_ACK})
-_FROM_DIALER = frozenset({FrameType.FORWARD, FrameType.PING, FrameType.BARRIER,
+_FROM_DIALER = frozenset({FrameType.FORWARD, FrameType.FORWARD_AT, FrameType.PING,
+                          FrameType.BARRIER,
                           FrameType.BARRIER_DONE, FrameType.MEMBERS})
 
 
@@ -140,6 +142,8 @@ class NodeLinks:
     handlers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
     # answers of the layers above (appends...) that the accepting node sends back here
     answers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
+    # a FORWARD_AT's place: (node id, its incarnation, partition, offset) (cluster/catchup.py)
+    on_place: Callable[[str, int, int, int], None] | None = None
     # nodes that left or were removed: not dialed, not taken from MEMBERS, until they link
     forgotten: set[str] = field(default_factory=set)
     _peer_ids: dict[str, int] = field(default_factory=dict)  # node id -> its peer id
@@ -216,6 +220,15 @@ class NodeLinks:
         if frame_type == FrameType.FORWARD:
             if mesh.on_forward is not None:
                 mesh.on_forward(peer, Forward.decode(body))
+            self._handled(link, state)
+            return
+        if frame_type == FrameType.FORWARD_AT:
+            at = ForwardAt.decode(body)
+            if self.on_place is not None and state.hello is not None:
+                self.on_place(state.hello.node_id, state.hello.incarnation, at.partition,
+                              at.offset)
+            if mesh.on_forward is not None:
+                mesh.on_forward(peer, at.forward)
             self._handled(link, state)
             return
         frame = decode_frame(frame_type, body)

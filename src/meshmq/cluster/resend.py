@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-Messages cross to another node in ``FORWARD`` frames (and retained messages in
+Messages cross to another node in ``FORWARD`` frames (``FORWARD_AT`` with partitions led
+across nodes, cluster/nodecatchup.py; and retained messages in
 ``RETAIN_SYNC``) on the link this worker dialed to it (cluster/nodes.py). The accepting end
 counts the frames of those two types it has handled on the link and acknowledges the count
 (``FORWARD_ACK``) every ``ACK_EVERY`` frames and on every heartbeat. ``ResendLog`` keeps, per

@@ -33,6 +33,7 @@ from meshmq.cluster.metaclient import MetaClient
 from meshmq.cluster.metadata import MetadataError
 from meshmq.cluster.metaproc import socket_name_for
 from meshmq.cluster.nodeappends import NodeAppends, Placements
+from meshmq.cluster.nodecatchup import NodeCatchup
 from meshmq.cluster.nodelink import NodeIdentity
 from meshmq.cluster.noderetained import NodeRetained
 from meshmq.cluster.nodes import NodeLinks
@@ -120,6 +121,7 @@ class WorkerCluster:
         self.node_sockets: NodeSockets | None = None
         self.node_appends: NodeAppends | None = None
         self.placements: Placements | None = None
+        self.node_catchup: NodeCatchup | None = None
         self.metadata: MetaClient | None = None  # the node's metadata voter (cluster.metadata)
         if identity is not None and config.cluster.metadata:
             self.metadata = MetaClient(socket_name_for(worker.token))
@@ -137,6 +139,8 @@ class WorkerCluster:
                 self.node_appends = NodeAppends(
                     self.log, self.nodes, self.placements, broker.publishes.append_for,
                     lifecycle.encode_message, decode_message, loop.call_soon)
+                self.node_catchup = NodeCatchup(self.nodes, self.log, self.leadership,
+                                                loop.time)
         mesh.on_congested = self._congested
         self._congestion_logged = -1e9
         broker.use(mesh, self.log, self.retained, self.directory, self.statistics)
