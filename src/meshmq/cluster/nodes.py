@@ -138,6 +138,9 @@ class NodeLinks:
     nodes: dict[str, NodePeer] = field(default_factory=dict)  # by node id
     # frames of the layers above (retained messages...) that a dialing node may send here
     handlers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
+    # ... and those the accepting end may send back on a link this worker dialed (answers)
+    answers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
+    on_closed: list[Callable[[int], None]] = field(default_factory=list)  # a ready link, any side
     # nodes that left or were removed: not dialed, not taken from MEMBERS, until they link
     forgotten: set[str] = field(default_factory=set)
     _peer_ids: dict[str, int] = field(default_factory=dict)  # node id -> its peer id
@@ -176,6 +179,8 @@ class NodeLinks:
             return  # replaced by a newer link
         del mesh.remote[peer]
         mesh.requests.link_down(link.ident)
+        for closed in self.on_closed:
+            closed(peer)
         node_id = state.hello.node_id if state.hello else "?"
         if state.side is Side.DIALED:
             if mesh.closing or node_id in self.forgotten or link.resend is None:
@@ -203,7 +208,8 @@ class NodeLinks:
             return self._handshake(link, state, frame_type, body)
         dialed = state.side is Side.DIALED
         allowed = _FROM_ACCEPTOR if dialed else _FROM_DIALER
-        if frame_type not in allowed and (dialed or frame_type not in self.handlers):
+        extra = self.answers if dialed else self.handlers
+        if frame_type not in allowed and frame_type not in extra:
             raise LinkError(f"frame type {frame_type} is not taken from another node here")
         peer = link.peer
         assert peer is not None
@@ -216,10 +222,10 @@ class NodeLinks:
             self._handled(link, state)
             return
         frame = decode_frame(frame_type, body)
-        handler = self.handlers.get(frame_type)
-        if handler is not None and not dialed:
+        handler = extra.get(frame_type)
+        if handler is not None:
             handler(peer, frame)
-            if frame_type == FrameType.RETAIN_SYNC:
+            if frame_type == FrameType.RETAIN_SYNC and not dialed:
                 self._handled(link, state)
         elif frame_type == FrameType.FORWARD_ACK:
             assert isinstance(frame, ForwardAck)
