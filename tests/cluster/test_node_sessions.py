@@ -245,13 +245,18 @@ def test_a_message_routed_to_the_old_node_during_the_move_follows_the_session() 
     assert isinstance(holder.sessions[CLIENT], MovedSession)
     other = next(w for w in net.workers["a"] if w is not holder)
     other.publish("t/during", b"during")  # a's routes still point at the stand-in
+    persisted = Message("t/log", b"persisted", 1)
+    persisted.set_position(0, 5)  # in a's log: the cursor that would read it did not move
+    holder.router.publish(persisted, net.clock.time)
     net.pump()
     net.resume(claimant.index)
     net.pump()
     session = adopted[0][0]
     assert claimant.directory is not None
     claimant.directory.settled(CLIENT, adopted[0])  # (the CONNECT path does: held ones)
-    assert [e.message.payload for e in session.queue] == [b"queued", b"during"]
+    got = {e.message.payload: e.message for e in session.queue}
+    assert sorted(got) == [b"during", b"persisted", b"queued"]
+    assert got[b"persisted"].position is None  # a's position stayed on a
     assert CLIENT not in holder.sessions
 
 
@@ -308,3 +313,34 @@ def test_what_a_cursor_still_owes_crosses_as_queued_copies_without_positions() -
     assert all(e.message.position is None for e in live.queue)
     assert all(e.subscription_ids == [4] for e in live.queue)
     assert session.catchup is not None and session.catchup.cursor() == [3]  # left as it was
+
+
+def test_a_session_gathered_for_a_node_whose_link_then_drops_stays_on_the_gathering_worker(
+        ) -> None:
+    net = cluster({"a": 2, "b": 1})
+    claimant = net.of("b")
+    acceptor = acceptor_of(net, claimant, "a")
+    holder = next(w for w in net.workers["a"] if w is not acceptor)
+    rich_session(holder)
+    net.pump()
+    installed: list[str] = []  # installed offline as any (the broker: expiry, journal)
+    take_back = acceptor.host.take_back_session
+
+    def taken_back(blob: bytes) -> bool:
+        installed.append(SessionSnapshot.decode(blob, net.clock.time).client_id)
+        return take_back(blob)
+
+    acceptor.host.take_back_session = taken_back  # type: ignore[method-assign]
+    adopted = claim(claimant)
+    send_out(net, claimant)  # the fetch reaches a: its session is gathered onto the acceptor
+    net.cut_ends(claimant.index, dialed_ident(claimant, "a"))  # ... for a link now gone
+    net.pump()
+    kept = acceptor.sessions[CLIENT]
+    assert not isinstance(kept, MovedSession) and CLIENT not in holder.sessions
+    check_intact(kept)
+    assert installed == [CLIENT]
+    owners = [w.directory.holders.get(CLIENT) for w in net.workers["a"]
+              if w.directory is not None and CLIENT in w.directory.holders]
+    assert owners == [acceptor.spec.index]  # registered where it is
+    net.advance(ANSWER_TIMEOUT + 0.1)
+    assert adopted == [[]]

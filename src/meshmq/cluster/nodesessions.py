@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from meshmq.broker.catchup import CatchUp, ReplayFilter
 from meshmq.broker.session import QueueEntry
 from meshmq.broker.snapshot import SessionSnapshot
+from meshmq.broker.wire import encode_message
 from meshmq.cluster.codec import (
     MOVED_DELIVER,
     MOVED_SETTLE,
@@ -153,6 +154,21 @@ def materialise(session: Session, catchup: CatchUp, now: float,
                     "dropped past its queue limits=%d client_id=%s", reader.lost, dropped,
                     session.client_id)
     return owed, dropped
+
+
+class NodeMovedSession(MovedSession):
+    """The stand-in of a session handed to another node: sends on everything routed to it.
+    Unlike a stand-in inside a node it skips no persisted message (the session's cursor did
+    not go along: positions do not cross) and no message forwarded to that node anyway (the
+    copy may reach that node before the session does)."""
+
+    __slots__ = ()
+
+    def deliver(
+        self, message: Message, qos: int, retain: bool, subscription_ids: list[int] | None,
+        now: float, group: tuple[str, str] | None = None,
+    ) -> None:
+        self.redirect(message, qos, retain, subscription_ids, group)
 
 
 def split(blob: bytes, size: int) -> list[bytes]:
@@ -260,8 +276,7 @@ class NodeSessions:
         session = self.host.sessions.get(client_id)
         if session is not None and self._newer_here(session, frame.stamp):
             return self._answer(peer, ident, frame.request_id, SESSION_NONE, b"")
-        self.directory.claim_here(client_id, lambda adopted: self._gathered(
-            peer, ident, frame))
+        self.directory.claim_here(client_id, partial(self._gathered, peer, ident, frame))
 
     def _newer_here(self, session: Session, stamp: int) -> bool:
         """Is a connection of this client id here newer than the CONNECT that asks?"""
@@ -273,41 +288,54 @@ class NodeSessions:
             mine = int(getattr(client, "connected_at", 0.0) * 1e9)
         return mine >= stamp
 
-    def _gathered(self, peer: int, ident: int, frame: SessionFetch) -> None:
+    def _gathered(self, peer: int, ident: int, frame: SessionFetch,
+                  adopted: list[Session]) -> None:
         """The session, if this node has it, is on this worker now."""
         session = self.host.sessions.get(frame.client_id)
-        if session is None or isinstance(session, MovedSession) \
-                or self.mesh.remote.get(peer) is None:
-            return self._answer(peer, ident, frame.request_id, SESSION_NONE, b"")
-        if session.catchup is not None and self.sync is not None:
-            # the cursor reads up to the leaders' high watermarks as of now
-            self.sync(partial(self._hand_over, peer, ident, frame))
+        if session is not None and session.catchup is not None and self.sync is not None:
+            # its cursor reads up to the leaders' high watermarks as of now
+            self.sync(partial(self._hand_over, peer, ident, frame, adopted))
         else:
-            self._hand_over(peer, ident, frame)
+            self._hand_over(peer, ident, frame, adopted)
 
-    def _hand_over(self, peer: int, ident: int, frame: SessionFetch) -> None:
+    def _hand_over(self, peer: int, ident: int, frame: SessionFetch,
+                   adopted: list[Session]) -> None:
         client_id = frame.client_id
         current = self.host.sessions.get(client_id)
         link = self.mesh.remote.get(peer)
         if current is None or isinstance(current, MovedSession) or link is None \
                 or link.ident != ident:
+            self._keep(client_id, adopted)
             return self._answer(peer, ident, frame.request_id, SESSION_NONE, b"")
         session = self.host.release_session(client_id, False)  # its connection: 0x8E
-        if session is None:
+        if session is None:  # (it ended with its connection: expiry 0)
             return self._answer(peer, ident, frame.request_id, SESSION_NONE, b"")
         blob = export_for_node(session, self.now())
-        stub = MovedSession(session, peer, partial(self._redirect, peer, ident, client_id),
-                            lambda message: False, blob)
+        stub = NodeMovedSession(session, peer, partial(self._redirect, peer, ident, client_id),
+                                lambda message: False, blob)
         stub.timer = self.mesh.call_at(self.mesh.io.now() + SETTLE_TIMEOUT,
                                        partial(self._unsettled, client_id, stub))
         self.host.sessions[client_id] = stub
         self.stand_ins[client_id] = stub
         self.directory.ended(session)  # not held here any more (unless taken back)
         self.counters["sessions_handed"] += 1
-        node = self.links.linked_nodes().get(peer) or self._node_of(peer)
         log.info("session handed over to another node client_id=%s node=%s bytes=%d",
-                 client_id, node, len(blob))
+                 client_id, self._node_of(peer), len(blob))
         self._answer(peer, ident, frame.request_id, SESSION_HANDED, blob)
+
+    def _keep(self, client_id: str, adopted: list[Session]) -> None:
+        """A session gathered onto this worker for another node that will not get it: it
+        stays here, offline as any (its expiry running, journaled)."""
+        session = self.host.sessions.get(client_id)
+        if session is None or session not in adopted:
+            return
+        blob = self.host.export_session(session)
+        del self.host.sessions[client_id]
+        self.host.drop_session(session)
+        if self.host.take_back_session(blob):
+            kept = self.host.sessions.get(client_id)
+            if kept is not None:
+                self.directory.created(kept)
 
     def _node_of(self, peer: int) -> str:
         link = self.mesh.remote.get(peer)
@@ -323,7 +351,7 @@ class NodeSessions:
 
     def _redirect(self, peer: int, ident: int, client_id: str, message: Message, qos: int,
                   retain: bool, ids: list[int] | None, group: tuple[str, str] | None) -> None:
-        body = self.mesh.encode_for_node(message, self.now())
+        body = encode_message(message, self.now(), positioned=False)  # this node's log only
         self.mesh.send(peer, SessionMoved(MOVED_DELIVER, 0, client_id, qos, retain, ids or [],
                                           group, body).encode(), ident)
 
