@@ -65,6 +65,9 @@ from meshmq.cluster.codec import (
     ServiceReply,
     ServiceRequest,
     ServiceSync,
+    SessionFetch,
+    SessionMoved,
+    SessionPart,
     Settled,
     Stats,
     Sync,
@@ -229,6 +232,16 @@ CASES: list[tuple[object, bytes, bool]] = [
      u("Q", 7) + text_bytes("s") + text_bytes("3-6") + text_bytes("w2") + u("IB", 1, 1)
      + text_bytes("r") + PLAIN_BODY, False),
     (ServiceReplied(8, "accepted"), u("Q", 8) + text_bytes("accepted"), True),
+    (SessionFetch(2**64 - 1, "c-é", 7), u("Q", 2**64 - 1) + text_bytes("c-é") + u("Q", 7),
+     True),
+    (SessionPart(9, 1, 2, 3, b"\x00part"), u("QBII", 9, 1, 2, 3) + blob_bytes(b"\x00part"),
+     True),
+    (SessionPart(10, 0, 0, 0, b""), u("QBII", 10, 0, 0, 0) + blob_bytes(b""), True),
+    (SessionMoved(0, 11, "c"), u("BQ", 0, 11) + text_bytes("c") + u("BB", 0, 0)
+     + offsets_bytes([]) + text_bytes("") + text_bytes("") + blob_bytes(b""), True),
+    (SessionMoved(1, 0, "c-é", 2, True, [5, 2**40], ("g", "t/#"), MESSAGE_BODY),
+     u("BQ", 1, 0) + text_bytes("c-é") + u("BB", 2, 1) + offsets_bytes([5, 2**40])
+     + text_bytes("g") + text_bytes("t/#") + blob_bytes(MESSAGE_BODY), True),
     (NodeAppend([NodeAppendEntry(2**64 - 1, 7, 3, "c-é", b"m" * 16, True, MESSAGE_BODY),
                  NodeAppendEntry(1, 0, 1, "", b"n" * 16, False, PLAIN_BODY)]),
      u("I", 2) + u("QII", 2**64 - 1, 7, 3) + text_bytes("c-é") + blob_bytes(b"m" * 16)
@@ -373,6 +386,15 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
                                        st.none() | st.tuples(unicode_text,
                                                              st.none() | bodies), bodies),
     FrameType.SERVICE_REPLIED: st.builds(ServiceReplied, u64s, unicode_text),
+    FrameType.SESSION_FETCH: st.builds(SessionFetch, u64s, unicode_text, u64s),
+    FrameType.SESSION_PART: st.integers(1, 2**32 - 1).flatmap(lambda parts: st.builds(
+        SessionPart, u64s, st.integers(0, 2), st.integers(0, parts - 1), st.just(parts),
+        bodies)),
+    FrameType.SESSION_MOVED: st.builds(SessionMoved, st.integers(0, 1), u64s, unicode_text,
+                                       st.integers(0, 2), st.booleans(),
+                                       st.lists(u64s, max_size=3),
+                                       st.none() | st.tuples(unicode_text.filter(bool),
+                                                             unicode_text), bodies),
     FrameType.NODE_APPEND: st.builds(NodeAppend, st.lists(st.builds(
         NodeAppendEntry, u64s, u32s, u32s, unicode_text, st.binary(min_size=16, max_size=16),
         st.booleans(), bodies), max_size=3)),

@@ -605,8 +605,8 @@ def test_a_node_leaves_and_a_dead_one_is_forgotten(tmp_path: Path) -> None:
 def test_a_client_id_connecting_on_another_node_takes_over_its_connection(
         tmp_path: Path, client_factory: Callable[..., Client]) -> None:
     """MQTT-3.1.4-3 across nodes: the older connection of a client id gets DISCONNECT 0x8E.
-    Sessions stay on their node: with Clean Start 0 the old one is kept there (offline, its
-    subscription queueing), with Clean Start 1 it ends."""
+    With Clean Start 0 the session comes along to the new node (session present), and back;
+    with Clean Start 1 it ends."""
     session = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
     with start_cluster(tmp_path, 2, workers=2) as nodes:
         first = client_factory("dev-1", 5)
@@ -614,30 +614,93 @@ def test_a_client_id_connecting_on_another_node_takes_over_its_connection(
         first.subscribe("cmd/dev-1", qos=1)
         second = client_factory("dev-1", 5)
         flags, _, _ = second.connect(nodes[1].port, clean_start=False, properties=session)
-        assert flags.session_present is False  # its session is on n1
+        assert flags.session_present is True  # its session came from n1
         assert first.disconnects.get(timeout=10).value == 0x8E  # session taken over
-        second.subscribe("cmd/dev-1", qos=1)
         sender = connect(client_factory, nodes[0], "sender")
-        sender.publish("cmd/dev-1", "while on n2", qos=1)
+        sender.publish("cmd/dev-1", "while on n2", qos=1)  # its subscription came along
         assert second.expect().payload == b"while on n2"
         assert second.disconnects.empty()
-        third = client_factory("dev-1", 5)  # back on n1: n1 kept its session, and queued
+        third = client_factory("dev-1", 5)  # back on n1: the session comes back from n2
         flags, _, _ = third.connect(nodes[0].port, clean_start=False, properties=session)
         assert flags.session_present is True
-        assert third.expect().payload == b"while on n2"
         assert second.disconnects.get(timeout=10).value == 0x8E
+        sender.publish("cmd/dev-1", "back on n1", qos=1)
+        assert third.expect().payload == b"back on n1"  # (the first was acknowledged on n2)
         clean = client_factory("dev-1", 5)  # a clean start on n2 ends n1's session
-        clean.connect(nodes[1].port, clean_start=True, properties=session)
+        clean.connect(nodes[1].port, clean_start=True)
         assert third.disconnects.get(timeout=10).value == 0x8E
-        clean.disconnect()
+        clean.disconnect()  # (its own session, expiry 0, ends with it)
         last = client_factory("dev-1", 5)
 
-        def session_on_n1() -> bool:
+        def session_anywhere() -> bool:
             flags, _, _ = last.connect(nodes[0].port, clean_start=False, properties=session)
             last.disconnect()
             return bool(flags.session_present)
 
-        assert session_on_n1() is False
+        assert session_anywhere() is False
+
+
+def test_a_persistent_session_moves_to_the_node_its_client_reconnects_to(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """Sessions anywhere: a QoS 1 subscriber of n1 goes offline; what n1 (from its log, by
+    the session's cursor) and n3 (copies that crossed) take for it meanwhile waits in its
+    session; it reconnects to n2 and gets all of it there, session present; then what n3
+    takes reaches it on n2 once."""
+    session = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    with start_cluster(tmp_path, 3, workers=2) as nodes:
+        subscriber = client_factory("mover")
+        subscriber.connect(nodes[0].port, clean_start=False, properties=session)
+        subscriber.subscribe("fleet/#", qos=1)
+        subscriber.disconnect()
+        near = connect(client_factory, nodes[0], "near")
+        far = connect(client_factory, nodes[2], "far")
+        for n in range(5):
+            near.publish("fleet/near", f"near-{n}", qos=1)
+            far.publish("fleet/far", f"far-{n}", qos=1)
+        back = client_factory("mover")
+        flags, _, _ = back.connect(nodes[1].port, clean_start=False, properties=session)
+        assert flags.session_present is True
+        got = [back.expect().payload for _ in range(10)]
+        assert [p for p in got if p.startswith(b"near")] == [f"near-{n}".encode()
+                                                             for n in range(5)]
+        assert [p for p in got if p.startswith(b"far")] == [f"far-{n}".encode()
+                                                            for n in range(5)]
+        for n in range(3):
+            far.publish("fleet/far", f"live-{n}", qos=1)
+        assert [back.expect().payload for _ in range(3)] == [b"live-0", b"live-1", b"live-2"]
+        near.publish("fleet/near", "end-n1", qos=1)  # barriers from both other nodes: a
+        far.publish("fleet/far", "end-n3", qos=1)  # copy through n1 would come before them
+        ends = {back.expect().payload for _ in range(2)}
+        assert ends == {b"end-n1", b"end-n3"}
+        back.expect_none()
+
+
+def test_inflight_messages_move_with_the_session_and_are_resent_with_dup(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """A subscriber on n1 takes three QoS 1 messages and acknowledges none; its connection
+    is cut; it reconnects to n2 and gets the three again, with DUP set (MQTT-4.4.0-1)."""
+    session = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    with start_cluster(tmp_path, 2, workers=1) as nodes:
+        silent = client_factory("unacked", manual_ack=True)
+        silent.connect(nodes[0].port, clean_start=False, properties=session)
+        silent.subscribe("jobs/#", qos=1)
+        sender = connect(client_factory, nodes[0], "sender")
+        for n in range(3):
+            sender.publish("jobs/run", f"job-{n}", qos=1)
+        first = [silent.expect() for _ in range(3)]
+        assert [m.payload for m in first] == [b"job-0", b"job-1", b"job-2"]
+        assert not any(m.dup for m in first)
+        silent.paho.socket().shutdown(socket.SHUT_RDWR)  # cut, no DISCONNECT, no PUBACK
+        silent.paho.loop_stop()
+        back = client_factory("unacked")
+        flags, _, _ = back.connect(nodes[1].port, clean_start=False, properties=session)
+        assert flags.session_present is True
+        again = [back.expect() for _ in range(3)]
+        assert [m.payload for m in again] == [b"job-0", b"job-1", b"job-2"]
+        assert all(m.dup for m in again)
+        sender.publish("jobs/run", "job-3", qos=1)  # and on from there, on n2
+        latest = back.expect()
+        assert (latest.payload, latest.dup) == (b"job-3", False)
 
 
 def test_a_node_that_hangs_past_dead_gets_what_was_routed_to_it(

@@ -179,12 +179,14 @@ class SessionSnapshot:
 
     # ------------------------------------------------------------------ a hand-over
 
-    def encode(self, now: float) -> bytes:
-        """The whole snapshot, live state included, as bytes for ``decode`` elsewhere."""
+    def encode(self, now: float, positioned: bool = True) -> bytes:
+        """The whole snapshot, live state included, as bytes for ``decode`` elsewhere
+        (``positioned=False``: the messages without their places in this node's log, for
+        another node, cluster/nodesessions.py)."""
         messages: list[bytes] = []
 
         def ref(message: Message) -> int:
-            messages.append(encode_message(message, now))
+            messages.append(encode_message(message, now, positioned))
             return len(messages) - 1
 
         head = {"client_id": self.client_id, **self.record()}

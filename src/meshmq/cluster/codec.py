@@ -23,7 +23,7 @@ the link is closed and re-established, never half-understood.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -75,6 +75,9 @@ class FrameType(IntEnum):
     SERVICE_REQUEST = 34  # from a dispatcher: an attempt for a service worker connected there
     SERVICE_REPLY = 35  # to a dispatcher: a service worker's reply (answered: SERVICE_REPLIED)
     SERVICE_REPLIED = 36  # answer to SERVICE_REPLY: what the reply turned out to be
+    SESSION_FETCH = 37  # to another node: a client connected here, hand its session over
+    SESSION_PART = 38  # answer to SESSION_FETCH (a session, maybe in parts) or to a settle
+    SESSION_MOVED = 39  # a session that crossed: settled (request), or a message for it
     NODE_APPEND = 40  # to a partition's leader node: store these publishes (with leader epochs)
     NODE_APPENDED = 41  # answer to NODE_APPEND: where each was stored, or why not (a hint)
     FORWARD_AT = 42  # a FORWARD of a record of a partition the sender's node leads, and its place
@@ -1202,12 +1205,109 @@ class ServiceReplied:
         return frame
 
 
+# ---------------------------------------------------------------------- sessions across nodes
+#
+# cluster/nodesessions.py: a CONNECT with Clean Start 0 fetches its session from the node that
+# holds it; the session crosses in parts of at most ``nodesessions.PART_BYTES`` each.
+
+SESSION_NONE, SESSION_HANDED, SESSION_SETTLED = 0, 1, 2  # SessionPart.status
+MOVED_SETTLE, MOVED_DELIVER = 0, 1  # SessionMoved.kind
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFetch:
+    """To another node: a client connected on the sender's node at ``stamp`` (wall time, ns,
+    as in TAKEOVER) with Clean Start 0: hand its session over if the receiver's node holds it
+    (and no newer connection of it is there)."""
+
+    request_id: int
+    client_id: str
+    stamp: int
+
+    def encode(self) -> bytes:
+        return (Writer().u64(self.request_id).text(self.client_id).u64(self.stamp)
+                .frame(FrameType.SESSION_FETCH))
+
+    @classmethod
+    def decode(cls, body: bytes) -> SessionFetch:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.text(), reader.u64())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPart:
+    """Answer to SESSION_FETCH (``status`` SESSION_HANDED: the session's hand-over bytes,
+    ``part`` of ``parts`` frames; SESSION_NONE: not here) or to a SESSION_MOVED settle
+    (SESSION_SETTLED: the stand-in is gone and its routes withdrawn everywhere)."""
+
+    request_id: int
+    status: int
+    part: int
+    parts: int
+    chunk: bytes
+
+    def encode(self) -> bytes:
+        return (Writer().u64(self.request_id).u8(self.status).u32(self.part).u32(self.parts)
+                .blob(self.chunk).frame(FrameType.SESSION_PART))
+
+    @classmethod
+    def decode(cls, body: bytes) -> SessionPart:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.u8(), reader.u32(), reader.u32(), reader.blob())
+        reader.end()
+        if frame.status > SESSION_SETTLED:
+            raise LinkError("session part: bad status")
+        if frame.part >= max(frame.parts, 1):
+            raise LinkError("session part: part out of range")
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class SessionMoved:
+    """A session that crossed to another node. ``kind`` MOVED_SETTLE (a request, from the
+    node that took it: it is in place there, drop the stand-in) or MOVED_DELIVER (from the
+    stand-in, on the link the session went: a message routed to it meanwhile, with its
+    ``qos``, ``retain``, ``subscription_ids``, ``group`` and ``body``)."""
+
+    kind: int
+    request_id: int
+    client_id: str
+    qos: int = 0
+    retain: bool = False
+    subscription_ids: list[int] = field(default_factory=list)
+    group: GroupKey | None = None
+    body: bytes = b""
+
+    def encode(self) -> bytes:
+        name, topic_filter = self.group or ("", "")
+        return (Writer().u8(self.kind).u64(self.request_id).text(self.client_id).u8(self.qos)
+                .u8(self.retain).offsets(self.subscription_ids).text(name).text(topic_filter)
+                .blob(self.body).frame(FrameType.SESSION_MOVED))
+
+    @classmethod
+    def decode(cls, body: bytes) -> SessionMoved:
+        reader = Reader(body)
+        kind, request_id, client_id = reader.u8(), reader.u64(), reader.text()
+        qos, retain, ids = reader.u8(), bool(reader.u8()), reader.offsets()
+        name, topic_filter = reader.text(), reader.text()
+        message = reader.blob()
+        reader.end()
+        if kind > MOVED_DELIVER:
+            raise LinkError("session moved: bad kind")
+        if qos > 2:
+            raise LinkError("session moved: bad QoS")
+        group = (name, topic_filter) if name else None
+        return cls(kind, request_id, client_id, qos, retain, ids, group, message)
+
+
 Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRetained
          | Retained | Claim | Release | Claimed | Register | Sync | Synced | Stats | Barrier
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
          | Members | RetainSync | NodeStats | Forget | Takeover | ForwardAck | ServiceOffer
-         | ServiceSync | ServiceRequest | ServiceReply | ServiceReplied | NodeAppend
-         | NodeAppended | ForwardAt | Fetch)
+         | ServiceSync | ServiceRequest | ServiceReply | ServiceReplied | SessionFetch
+         | SessionPart | SessionMoved | NodeAppend | NodeAppended | ForwardAt | Fetch)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -1226,6 +1326,8 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.SERVICE_OFFER: ServiceOffer,
     FrameType.SERVICE_SYNC: ServiceSync, FrameType.SERVICE_REQUEST: ServiceRequest,
     FrameType.SERVICE_REPLY: ServiceReply, FrameType.SERVICE_REPLIED: ServiceReplied,
+    FrameType.SESSION_FETCH: SessionFetch, FrameType.SESSION_PART: SessionPart,
+    FrameType.SESSION_MOVED: SessionMoved,
     FrameType.NODE_APPEND: NodeAppend, FrameType.NODE_APPENDED: NodeAppended,
     FrameType.FORWARD_AT: ForwardAt, FrameType.FETCH: Fetch,
 }

@@ -102,6 +102,21 @@ class SessionHost(Protocol):
     def decode_message(self, body: bytes) -> Message: ...
 
 
+class RemoteSessions(Protocol):
+    """Sessions held by other nodes of a cluster (cluster/nodesessions.py)."""
+
+    def wanted(self) -> bool:
+        """Are other nodes linked (a session may be there)?"""
+
+    def fetch(self, client_id: str, done: Callable[[list[tuple[int, bytes]]], None]) -> None:
+        """Ask every linked node for ``client_id``'s session: ``done`` with (node, session)
+        for each that handed one over, once all answered or the deadline passed."""
+
+    def settle(self, client_id: str, nodes: list[int], done: Callable[[], None]) -> None:
+        """The sessions ``nodes`` handed over are in place here, their routes everywhere:
+        they drop their stand-ins; ``done`` once they did (or the deadline passed)."""
+
+
 class Directory:
     """This worker's side of the session directory (see the module docstring)."""
 
@@ -111,6 +126,7 @@ class Directory:
         self.defer = defer  # run a callback on a later loop turn (answers are never synchronous)
         # a CONNECT here, before it claims its session (cluster/takeover.py: the other nodes)
         self.on_claim: Callable[[str, bool], None] | None = None
+        self.remote: RemoteSessions | None = None  # other nodes' sessions (nodesessions.py)
         self.leadership = leadership
         self.mesh = mesh
         self.holders: dict[str, int] = {}  # client id -> worker holding its session (owned ids)
@@ -142,29 +158,76 @@ class Directory:
 
     @property
     def alone(self) -> bool:
-        return not self.mesh.linked
+        return not self.mesh.linked and not (self.remote is not None and self.remote.wanted())
 
     def claim(self, client_id: str, clean_start: bool,
               done: Callable[[list[Session]], None]) -> bool:
         if self.on_claim is not None:  # (other nodes close their connections of this id)
             self.on_claim(client_id, clean_start)
-        if not self.mesh.linked:
+        remote = self.remote  # the session may be on another node (cluster/nodesessions.py)
+        if remote is not None and (clean_start or not remote.wanted()):
+            remote = None
+        if not self.mesh.linked and remote is None:
             return False
         self.counters["claims"] += 1
         claiming = self._claiming
         claiming[client_id] = claiming.get(client_id, 0) + 1  # two CONNECTs of one id here
-        owner = self.leadership.owner_of_client(client_id)
+
+        def answered(status: int, holders: list[int], sessions: list[bytes]) -> None:
+            if remote is None:
+                return adopt(holders, sessions, [])
+            remote.fetch(client_id, partial(adopt, holders, sessions))
+
+        def adopt(holders: list[int], sessions: list[bytes],
+                  fetched: list[tuple[int, bytes]]) -> None:
+            left = claiming.pop(client_id, 1) - 1
+            if left > 0:
+                claiming[client_id] = left
+            self.drop_moved(client_id)  # a stand-in left here is not the session
+            blobs = sessions + [blob for _, blob in fetched]
+            adopted = self.host.adopt_sessions(blobs) if blobs else []
+            for holder in holders:  # a stand-in waits for our SETTLED
+                self._pending_settle.setdefault(client_id, set()).add(holder)
+            if not fetched or remote is None:
+                return done(adopted)
+            # The nodes that handed it over drop their stand-ins once our routes are in
+            # place everywhere (nothing routed meanwhile is lost), and the CONNACK waits for
+            # them (nothing routed afterwards comes twice).
+            nodes = [peer for peer, _ in fetched]
+            self.mesh.barrier(lambda: remote.settle(client_id, nodes, lambda: done(adopted)))
+
+        self._claim_local(client_id, clean_start, answered)
+        return True
+
+    def claim_here(self, client_id: str, done: Callable[[list[Session]], None]) -> None:
+        """Gather ``client_id``'s session from this node's workers onto this one, with no
+        connection for it (another node asks for it: cluster/nodesessions.py); ``done``
+        with what was adopted, on a later loop turn."""
+        if not self.mesh.linked:
+            self.defer(partial(done, []))
+            return
+        claiming = self._claiming
+        claiming[client_id] = claiming.get(client_id, 0) + 1
 
         def answered(status: int, holders: list[int], sessions: list[bytes]) -> None:
             left = claiming.pop(client_id, 1) - 1
             if left > 0:
                 claiming[client_id] = left
-            self.drop_moved(client_id)  # a stand-in left here is not the session
+            self.drop_moved(client_id)
             adopted = self.host.adopt_sessions(sessions) if sessions else []
-            for holder in holders:  # a stand-in waits for our SETTLED
+            for holder in holders:
                 self._pending_settle.setdefault(client_id, set()).add(holder)
+            self.settled(client_id, adopted)
             done(adopted)
 
+        self._claim_local(client_id, False, answered)
+
+    def _claim_local(self, client_id: str, clean_start: bool, answered: Answer) -> None:
+        """Take ``client_id``'s session from the node's other workers: its owner knows."""
+        if not self.mesh.linked:
+            self.defer(partial(answered, CLAIM_NONE, [], []))
+            return
+        owner = self.leadership.owner_of_client(client_id)
         if owner == self.me:
             def answer_later(status: int, holders: list[int], sessions: list[bytes]) -> None:
                 self.defer(partial(answered, status, holders, sessions))
@@ -176,7 +239,6 @@ class Directory:
             self._claim_everywhere(client_id, clean_start, answered)  # the owner is down
         else:
             self.counters["claims_remote"] += 1
-        return True
 
     def settled(self, client_id: str, adopted: list[Session]) -> None:
         """The adopted sessions are in place (their routes queued): deliver what came for
@@ -359,12 +421,20 @@ class Directory:
         self.mesh.send(peer, Deliver(client_id, qos, retain, ids or [], group,
                                      self.host.encode_message(message)).encode())
 
+    def claiming(self, client_id: str) -> bool:
+        """Is a claim of ``client_id``'s session by this worker in flight?"""
+        return bool(self._claiming.get(client_id))
+
+    def hold(self, client_id: str, message: Message, qos: int, retain: bool,
+             ids: list[int] | None, group: tuple[str, str] | None) -> None:
+        """A message for a session on its way here: delivered once it is adopted."""
+        self._held.setdefault(client_id, []).append((message, qos, retain, ids, group))
+
     def _on_deliver(self, peer: int, frame: Deliver) -> None:
         message = self.host.decode_message(frame.message)
         ids = frame.subscription_ids or None
         if self._claiming.get(frame.client_id):  # on its way here: deliver once adopted
-            self._held.setdefault(frame.client_id, []).append(
-                (message, frame.qos, frame.retain, ids, frame.group))
+            self.hold(frame.client_id, message, frame.qos, frame.retain, ids, frame.group)
             return
         session = self.host.sessions.get(frame.client_id)
         if session is not None:

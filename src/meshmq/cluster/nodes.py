@@ -140,9 +140,10 @@ class NodeLinks:
     nodes: dict[str, NodePeer] = field(default_factory=dict)  # by node id
     # frames of the layers above (retained messages...) that a dialing node may send here
     handlers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
-    # answers of the layers above (appends...) that the accepting node sends back here
+    # ... and those the accepting end may send back on a link this worker dialed (answers)
     answers: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
-    # a FORWARD_AT's place: (node id, its incarnation, partition, offset) (cluster/catchup.py)
+    on_closed: list[Callable[[int], None]] = field(default_factory=list)  # a ready link, any side
+    # a FORWARD_AT's place: (node id, its incarnation, partition, offset) (nodecatchup.py)
     on_place: Callable[[str, int, int, int], None] | None = None
     # nodes that left or were removed: not dialed, not taken from MEMBERS, until they link
     forgotten: set[str] = field(default_factory=set)
@@ -182,6 +183,8 @@ class NodeLinks:
             return  # replaced by a newer link
         del mesh.remote[peer]
         mesh.requests.link_down(link.ident)
+        for closed in self.on_closed:
+            closed(peer)
         node_id = state.hello.node_id if state.hello else "?"
         if state.side is Side.DIALED:
             if mesh.closing or node_id in self.forgotten or link.resend is None:
@@ -209,8 +212,8 @@ class NodeLinks:
             return self._handshake(link, state, frame_type, body)
         dialed = state.side is Side.DIALED
         allowed = _FROM_ACCEPTOR if dialed else _FROM_DIALER
-        if frame_type not in allowed and frame_type not in (
-                self.answers if dialed else self.handlers):
+        extra = self.answers if dialed else self.handlers
+        if frame_type not in allowed and frame_type not in extra:
             raise LinkError(f"frame type {frame_type} is not taken from another node here")
         peer = link.peer
         assert peer is not None
@@ -232,10 +235,10 @@ class NodeLinks:
             self._handled(link, state)
             return
         frame = decode_frame(frame_type, body)
-        handler = (self.answers if dialed else self.handlers).get(frame_type)
+        handler = extra.get(frame_type)
         if handler is not None:
             handler(peer, frame)
-            if frame_type == FrameType.RETAIN_SYNC:
+            if frame_type == FrameType.RETAIN_SYNC and not dialed:
                 self._handled(link, state)
         elif frame_type == FrameType.FORWARD_ACK:
             assert isinstance(frame, ForwardAck)

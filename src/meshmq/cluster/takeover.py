@@ -13,12 +13,15 @@ older one's connection is closed (the newer one ignores the older one's stamp). 
 the hosts' wall clocks: keep them in step (NTP), or a skew wider than the time between two
 CONNECTs of one id may close the newer one instead.
 
-Sessions do not move between nodes (docs/cluster.md, Limits): with Clean Start 1 the closed
-connection's session ends (its will, if any, is published as at any session end); with Clean
-Start 0 it stays on its node, offline, with its subscriptions and queue, until it expires or
-the client connects to that node again (the new node answers session present 0). Its will is
-published as after any lost connection (the session was not resumed, MQTT-3.1.3-9 does not
-apply).
+Sessions move between nodes (cluster/nodesessions.py, docs/cluster.md): with Clean Start 1
+the closed connection's session ends (its will, if any, is published as at any session end);
+with Clean Start 0 the new node then fetches it (``SESSION_FETCH``, on the same link, after
+this frame): the closed connection's session, offline now, is handed over with its queue and
+inflight messages, and the new node answers session present 1. Its will follows the rules
+of a takeover on one node: published at once when it has no will delay; with one it is not
+sent, since the session is resumed before the delay passed (MQTT-3.1.3-9). A session held
+by a node the new one could not ask (down, cut off, or not answering in time) stays there,
+offline, until it expires or its client comes back.
 """
 
 from __future__ import annotations

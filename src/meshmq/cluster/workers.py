@@ -37,6 +37,7 @@ from meshmq.cluster.nodecatchup import NodeCatchup
 from meshmq.cluster.nodelink import NodeIdentity
 from meshmq.cluster.noderetained import NodeRetained
 from meshmq.cluster.nodes import NodeLinks
+from meshmq.cluster.nodesessions import NodeSessions
 from meshmq.cluster.nodestats import ClusterStatistics
 from meshmq.cluster.partitions import PartitionedLog
 from meshmq.cluster.retained import OwnedRetained
@@ -118,6 +119,7 @@ class WorkerCluster:
         self.nodes: NodeLinks | None = None
         self.node_retained: NodeRetained | None = None
         self.takeover: NodeTakeover | None = None
+        self.node_sessions: NodeSessions | None = None
         self.node_sockets: NodeSockets | None = None
         self.node_appends: NodeAppends | None = None
         self.placements: Placements | None = None
@@ -128,8 +130,11 @@ class WorkerCluster:
         if identity is not None:  # a node of a cluster: links to the other nodes too
             self.nodes = NodeLinks(mesh, identity, on_cluster_id=on_cluster_id)
             self.node_retained = NodeRetained(self.retained, self.nodes)
-            self.takeover = NodeTakeover(self.directory, self.nodes, broker.sessions,
-                                         lifecycle, loop.time)
+            self.takeover = takeover = NodeTakeover(self.directory, self.nodes,
+                                                    broker.sessions, lifecycle, loop.time)
+            self.node_sessions = NodeSessions(
+                self.directory, self.nodes, loop.time, takeover.claimed_at.get,
+                self.log.sync if self.log is not None else None)
             self.statistics = ClusterStatistics(self.node_statistics, self.nodes,
                                                 config.mqtt.sys_interval)
             self.node_sockets = NodeSockets(loop, self.sockets, self.nodes,
