@@ -429,6 +429,7 @@ def print_tables(tables: dict[str, list[dict[str, object]]],
                 num(f.get("ack_gap_before_s"), 3),
                 num(f.get("ack_gap_after_other_partitions_s"), 3),
                 num(f.get("victim_partitions_refused_s"), 3),
+                num(f.get("victim_partitions_waiting"), 0),
                 num(f.get("ack_latency_max_after_s"), 3), num(f.get("delivery_gap_after_s"), 3),
                 *([num(f.get("relinked_s")), num(f.get("victim_subscribers_resumed_s")),
                    num(f.get("victim_subscribers_missed"), 0)]
@@ -436,7 +437,7 @@ def print_tables(tables: dict[str, list[dict[str, object]]],
                 "ok" if run["ok"] else "FAILED"])
         print(grid(["run", "failed node", "suspected", "reported down", "controller moved",
                     "PUBACK gap before", "PUBACK gap after (other partitions)",
-                    "its partitions refused after",
+                    "its partitions refused after", "acked, waiting for its return",
                     "max PUBACK wait after", "delivery gap after",
                     *(["relinked after SIGCONT", "its subscribers heard new publishes",
                        "messages its subscribers missed"]
