@@ -602,6 +602,77 @@ def test_a_node_leaves_and_a_dead_one_is_forgotten(tmp_path: Path) -> None:
         wait_for(lambda: members(nodes[0]) == ["n2"], what="n2 a member again")
 
 
+def test_a_node_joins_and_leaves_under_traffic_without_loss_elsewhere(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """Publishers on n1 and n2 send numbered QoS 1 messages all along; n3 joins, a subscriber
+    there gets the traffic, then n3 leaves (``meshmq cluster leave``). The subscribers on n1
+    and n2 get every message of each publisher once, in order, throughout."""
+    import threading
+
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+    with start_cluster(tmp_path, 2, workers=2, extra=admin) as nodes:
+        subscribers = {}
+        for node in nodes:
+            subscriber = connect(client_factory, node, f"sub-{node.name}")
+            subscriber.subscribe("load/#", qos=1)
+            subscribers[node.name] = subscriber
+        stop = threading.Event()
+        counts: dict[str, int] = {}
+        failures: list[BaseException] = []
+
+        def publish_all(node: Node) -> None:
+            try:
+                publisher = connect(client_factory, node, f"pub-{node.name}")
+                number = 0
+                while not stop.is_set():
+                    publisher.publish(f"load/{node.name}", f"{node.name}:{number}", qos=1)
+                    number += 1
+                counts[node.name] = number
+                publisher.publish(f"load/{node.name}", f"{node.name}:end", qos=1)
+            except BaseException as error:  # reported by the test's thread
+                failures.append(error)
+
+        threads = [threading.Thread(target=publish_all, args=(node,)) for node in nodes]
+        for thread in threads:
+            thread.start()
+        n3 = Node("n3", tmp_path / "n3", cluster_config(
+            tmp_path, "n3", [f"127.0.0.1:{nodes[0].ports['cluster']}"], extra=admin), 2)
+        nodes.members.append(n3)
+        n3.start()
+        wait_for(lambda: linked(n3) >= 2 * 2, what="n3's workers to link n1 and n2")
+        joined = connect(client_factory, n3, "sub-n3")
+        joined.subscribe("load/#", qos=1)
+        heard = {joined.expect(timeout=30).payload.split(b":")[0] for _ in range(50)}
+        assert heard  # the traffic reaches the node that joined
+        left = subprocess.run(
+            [sys.executable, "-m", "meshmq", "cluster", "leave", "--admin",
+             f"http://127.0.0.1:{n3.ports['admin']}", "--api-key", ADMIN_KEY],
+            capture_output=True, text=True, timeout=30)
+        assert left.returncode == 0, left.stderr
+        assert n3.proc is not None and n3.proc.wait(timeout=30) == 0
+        for node in nodes.members[:2]:
+            wait_for(lambda node=node: "n3" not in [row["node_id"] for row in json.loads(
+                subprocess.run([sys.executable, "-m", "meshmq", "cluster", "status", "--json",
+                                "--admin", f"http://127.0.0.1:{node.ports['admin']}",
+                                "--api-key", ADMIN_KEY], capture_output=True, text=True,
+                               timeout=30).stdout)["nodes"]], what=f"{node.name} to drop n3")
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not failures, failures
+        for name, subscriber in subscribers.items():
+            seen: dict[str, list[int]] = {"n1": [], "n2": []}
+            ended: set[str] = set()
+            while ended != {"n1", "n2"}:
+                source, number = subscriber.expect(timeout=30).payload.decode().split(":")
+                if number == "end":
+                    ended.add(source)
+                else:
+                    seen[source].append(int(number))
+            for source, numbers in seen.items():
+                assert numbers == list(range(counts[source])), (name, source, len(numbers))
+
+
 def test_a_client_id_connecting_on_another_node_takes_over_its_connection(
         tmp_path: Path, client_factory: Callable[..., Client]) -> None:
     """MQTT-3.1.4-3 across nodes: the older connection of a client id gets DISCONNECT 0x8E.
