@@ -213,3 +213,42 @@ def test_what_a_killed_leader_had_not_yet_routed_reaches_the_other_nodes_after_i
         sent_again = [int(n) for n in re.findall(r"sent again to node n2 .* records=(\d+)",
                                                  leader.log())]
         assert sum(sent_again) > 0, "nothing was missing: the test did not test the catch-up"
+
+
+def test_a_session_moves_to_another_node_with_what_every_partition_kept_for_it(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """With partitions led across nodes: a persistent QoS 1 subscriber of n1 goes offline,
+    publishes on n2 fill every partition (led by n1, n2 and n3), and the client reconnects
+    to n3: it gets each of them once, in order per partition, session present."""
+    from paho.mqtt.packettypes import PacketTypes
+
+    from conftest import props
+
+    topics = topics_by_partition()
+    session = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    with metadata_cluster(tmp_path) as (nodes, _leaders):
+        subscriber = client_factory("mover")
+        subscriber.connect(nodes[0].port, clean_start=False, properties=session)
+        subscriber.subscribe("seq/#", qos=1)
+        publisher = client_factory("pub-n2")
+        publisher.connect(nodes[1].port)
+        for topic in topics.values():  # every worker's mirror has the assignment
+            wait_for(lambda topic=topic: acknowledged(publisher, topic, "probe") < 0x80,
+                     timeout=30, what=f"a publish to {topic} to be stored")
+        for _ in topics:
+            assert subscriber.expect().payload == b"probe"
+        subscriber.disconnect()
+        for number in range(5):
+            for partition, topic in topics.items():
+                assert acknowledged(publisher, topic, f"{partition}:{number}") < 0x80
+        back = client_factory("mover")
+        flags, _, _ = back.connect(nodes[2].port, clean_start=False, properties=session)
+        assert flags.session_present is True
+        got: dict[str, list[int]] = defaultdict(list)
+        for _ in range(5 * PARTITIONS):
+            partition, number = back.expect(timeout=30).payload.decode().split(":")
+            got[partition].append(int(number))
+        assert got == {str(p): list(range(5)) for p in topics}
+        for topic in topics.values():  # barriers: nothing more came before them
+            assert acknowledged(publisher, topic, "end") < 0x80
+        assert [back.expect(timeout=30).payload for _ in topics] == [b"end"] * len(topics)
