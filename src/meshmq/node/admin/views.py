@@ -79,7 +79,11 @@ class WorkerViews:
                 "nodes": [{"node_id": node.node_id, "address": node.address,
                            "linked": node.node_id in up, "suspected": node.node_id in suspected}
                           for node in sorted(links.nodes.values(), key=lambda n: n.node_id)],
-                "counters": dict(links.counters), "metadata": self.metadata_view(),
+                "counters": {**links.counters, **(
+                    cluster.node_appends.counters if cluster.node_appends is not None else {}),
+                    **(cluster.node_catchup.counters if cluster.node_catchup is not None
+                       else {})},
+                "metadata": self.metadata_view(),
                 "stats": cluster.statistics.figures()
                 if isinstance(cluster.statistics, ClusterStatistics) else {}}
 
