@@ -17,7 +17,7 @@ from meshmq.broker.interfaces import (
     Unknown,
 )
 from meshmq.broker.wire import decode_message, encode_message
-from meshmq.cluster.nodeappends import RETRY_AFTER, NodeAppends, Placements
+from meshmq.cluster.nodeappends import HOLD_FOR_LEADER, RETRY_AFTER, NodeAppends, Placements
 from meshmq.cluster.partitions import APPEND_TIMEOUT
 from meshmq.mqtt.reason_codes import ReasonCode
 
@@ -164,11 +164,12 @@ def test_an_offline_or_unassigned_partition_is_refused_at_once(tmp_path: Path) -
     assert isinstance(outcomes[1], Refused) and "no leader yet" in outcomes[1].why
 
 
-def test_an_append_whose_link_drops_is_unknown_and_its_resend_is_not_stored_twice(
+def test_an_append_whose_link_drops_is_held_and_sent_again_when_the_leader_is_back(
         tmp_path: Path) -> None:
     """The link to the leader node drops after the append went and the leader stored it:
-    the outcome is unknown (never refused); the resend, on the next link, carries the first
-    attempt's id and the leader answers with where it stored it."""
+    no answer yet (a refusal could be false; an unknown outcome would close the publisher's
+    connection); when the node links again the append goes again as a resend, and the leader
+    answers with where it stored the first one."""
     net = ClusterNet({"a": 1, "b": 1}, log_dir=tmp_path)
     joined(net, {"a": ("b", 1), "b": ("b", 1)})
     a, b = net.of("a"), net.of("b")
@@ -179,16 +180,38 @@ def test_an_append_whose_link_drops_is_unknown_and_its_resend_is_not_stored_twic
     dialed = next(link for link in a.mesh.remote.values() if link.remote.side.value == "dialed")
     net.cut_ends(a.index, dialed.ident)
     settle(net)  # b makes it durable; its answer has no link to go on
-    assert len(outcomes) == 1 and isinstance(outcomes[0], Unknown), outcomes
-    message_id = outcomes[0].message_id
-    assert message_id is not None
+    assert outcomes == []  # held
+    net.advance(HOLD_FOR_LEADER / 2)
+    assert outcomes == []
     net.dial(a.index, "b")
-    a.append(TOPIC, b"once", outcomes, message_id)  # the client's resend
     settle(net)
-    assert isinstance(outcomes[1], StoredElsewhere), outcomes
+    assert len(outcomes) == 1 and isinstance(outcomes[0], StoredElsewhere), outcomes
     stored = [r for records in b.log.local.partitions.values() for r in records]
-    assert [r.message.payload for r in stored] == [b"once"]
-    assert outcomes[1].offset == 0
+    assert [r.message.payload for r in stored] == [b"once"]  # not stored twice
+    assert outcomes[0].offset == 0
+    assert a.node_appends.counters["node_appends_held"] == 1
+
+
+def test_an_append_held_for_a_leader_that_does_not_come_back_is_unknown(
+        tmp_path: Path) -> None:
+    """Held no longer than ``HOLD_FOR_LEADER``: then its outcome is unknown (the client
+    resends on its next connection, with the message id); a resend while the node is still
+    away is held again."""
+    net = ClusterNet({"a": 1, "b": 1}, log_dir=tmp_path)
+    joined(net, {"a": ("b", 1), "b": ("b", 1)})
+    a = net.of("a")
+    outcomes: list[AppendOutcome] = []
+    a.append(TOPIC, b"lost?", outcomes)
+    net.pump()
+    dialed = next(link for link in a.mesh.remote.values() if link.remote.side.value == "dialed")
+    net.stop(net.of("b").index)  # b never answers nor links again
+    net.cut_ends(a.index, dialed.ident)
+    net.advance(HOLD_FOR_LEADER + 2)
+    assert len(outcomes) == 1 and isinstance(outcomes[0], Unknown), outcomes
+    assert outcomes[0].message_id is not None
+    a.append(TOPIC, b"lost?", outcomes, outcomes[0].message_id)  # the client's resend
+    settle(net)
+    assert len(outcomes) == 1  # held again, not refused
 
 
 def test_an_append_without_an_answer_is_unknown_after_its_deadline(tmp_path: Path) -> None:

@@ -31,11 +31,16 @@ Inside the leader node the partition is led by worker ``p mod N`` as on a single
   3.1.1 publishers are disconnected), and ``meshmq cluster status`` lists it offline. Other
   partitions go on. Before the metadata is reached and a partition assigned, its publishes
   are refused the same way ("no leader yet").
-* **Unknown outcomes.** As between workers (cluster/partitions.py): an append sent whose
-  link dropped, or whose answer did not come within ``APPEND_TIMEOUT``, is ``Unknown``; the
-  publisher's connection is closed, its session keeps the message id, and the resend carries
-  it: the leader node's worker that stored the first attempt recognises it and answers with
-  its place instead of storing it twice.
+* **Held, then unknown.** An append sent whose link then dropped (the leader node died or
+  was cut off) may be stored there: it is neither refused nor answered, but *held* until the
+  node links again, then sent again marked as a resend (the leader node's worker that stored
+  the first attempt recognises its message id and answers with its place instead of storing
+  it twice). So the publisher just waits for that PUBACK while the node is away; its other
+  publishes go on (refused if for the node's partitions). After ``HOLD_FOR_LEADER`` without
+  the node, or when an answer does not come within ``APPEND_TIMEOUT`` on a live link, the
+  outcome is ``Unknown``, as between workers (cluster/partitions.py): the publisher's
+  connection is closed, its session keeps the message id, and the client's resend carries
+  it (and is held the same way while the node is down).
 * **Who delivers.** The leader node routes every message of its partitions, so subscribers on
   every node get them in partition order. The publisher's own node gets its copy back from the
   leader like any other node: it does not deliver the publish itself. Such a copy carries no
@@ -92,6 +97,7 @@ Decode = Callable[[bytes, float], "Message"]
 Encode = Callable[["Message"], bytes]
 
 RETRY_AFTER = 0.2  # seconds before asking again after a "not leader" without a newer hint
+HOLD_FOR_LEADER = 30.0  # seconds an append that may be stored waits for its leader node
 CHECK_EVERY = 1.0  # seconds between looks for appends past their deadline
 
 
@@ -159,18 +165,21 @@ class NodeAppends:
         self.decode = decode
         self.counters = {"node_appends_sent": 0, "node_appends_served": 0,
                          "node_appends_refused": 0, "node_appends_unknown": 0,
-                         "node_appends_redirected": 0, "node_appends_not_leader": 0}
+                         "node_appends_redirected": 0, "node_appends_not_leader": 0,
+                         "node_appends_held": 0}
         self._next_request = 1
         self._pending: dict[int, _Pending] = {}
         self._outbox: dict[int, list[NodeAppendEntry]] = {}  # this turn's, per node peer
         self._answers: dict[int, tuple[int, list[NodeAppendAnswer]]] = {}  # per peer, link
         self._retry: list[_Pending] = []
+        self._held: dict[str, list[_Pending]] = {}  # by leader node, while it is not linked
         self._retry_timer: Timer | None = None
         self._check_timer: Timer | None = None
         partitions.elsewhere = self.append
         links.handlers[FrameType.NODE_APPEND] = self._on_append
         links.answers[FrameType.NODE_APPENDED] = self._on_appended
         links.on_node_down.append(self._node_down)
+        links.on_node_up.append(self._node_up)
         mesh.before_send.append(self._flush)
 
     # ------------------------------------------------------------------ sending
@@ -203,8 +212,8 @@ class NodeAppends:
         if link is None or link.peer is None:
             why = (f"partition {pending.partition} is offline: its leader, node "
                    f"{pending.node}, is not linked")
-            if pending.resend:  # its first attempt may be stored there: unknown
-                return self._unknown(pending, why)
+            if pending.resend:  # its first attempt may be stored there: wait for the node
+                return self._hold(pending)
             return self._refuse(pending, why)
         peer = pending.peer = link.peer
         request_id = self._next_request
@@ -303,7 +312,8 @@ class NodeAppends:
                         pending.message_id if pending.resend else None)
 
     def _check(self) -> None:
-        """Appends whose answer did not come within ``APPEND_TIMEOUT``: unknown."""
+        """Appends whose answer did not come within ``APPEND_TIMEOUT``, and appends held
+        ``HOLD_FOR_LEADER`` for a node that did not come back: unknown."""
         now = self.mesh.io.now()
         self._check_timer = None
         overdue = [r for r, p in self._pending.items() if p.deadline <= now]
@@ -311,12 +321,23 @@ class NodeAppends:
             pending = self._pending.pop(request_id)
             self._unknown(pending, f"partition {pending.partition}: no answer from its leader, "
                                    f"node {pending.node}, within {APPEND_TIMEOUT:.0f} s")
-        if self._pending:
+        for node_id, held in list(self._held.items()):
+            kept = [pending for pending in held if pending.deadline > now]
+            for pending in held:
+                if pending.deadline <= now:
+                    self._unknown(pending, f"partition {pending.partition}: its leader, node "
+                                           f"{node_id}, did not come back within "
+                                           f"{HOLD_FOR_LEADER:.0f} s")
+            if kept:
+                self._held[node_id] = kept
+            else:
+                del self._held[node_id]
+        if self._pending or self._held:
             self._check_timer = self.mesh.call_at(now + CHECK_EVERY, self._check)
 
     def _node_down(self, peer: int, node_id: str) -> None:
-        """The link to a node is gone: its appends sent are unknown, those not sent yet
-        are refused (they never left)."""
+        """The link to a node is gone: its appends not sent yet are refused (they never
+        left); those sent may be stored there: they wait for the node (``_hold``)."""
         unsent = {entry.request_id for entry in self._outbox.pop(peer, [])}
         for request_id in [r for r, p in self._pending.items() if p.peer == peer]:
             pending = self._pending.pop(request_id)
@@ -324,8 +345,30 @@ class NodeAppends:
                 self._refuse(pending, f"partition {pending.partition} is offline: node "
                                       f"{node_id} went down")
             else:
-                self._unknown(pending, f"partition {pending.partition}: the link to its leader, "
-                                       f"node {node_id}, dropped before the answer came")
+                self._hold(pending)
+
+    def _hold(self, pending: _Pending) -> None:
+        """An append that may be stored at a leader node that is not linked now: no answer
+        yet (neither a refusal, which could be false, nor an unknown outcome, which closes
+        the publisher's connection and makes it resend everything in flight); it goes again,
+        as a resend, when the node links again, or is unknown after ``HOLD_FOR_LEADER``."""
+        pending.peer, pending.resend = -1, True
+        pending.deadline = self.mesh.io.now() + HOLD_FOR_LEADER
+        self._held.setdefault(pending.node, []).append(pending)
+        self.counters["node_appends_held"] += 1
+        if self._check_timer is None:
+            self._check_timer = self.mesh.call_at(self.mesh.io.now() + CHECK_EVERY, self._check)
+
+    def _node_up(self, peer: int, node_id: str) -> None:
+        """The dialed link to ``node_id`` is up: what was held for it goes now."""
+        for pending in self._held.pop(node_id, []):
+            placed = self.placements.of(pending.partition)
+            if placed is not None and placed[1] > pending.epoch:  # led elsewhere meanwhile
+                pending.node, pending.epoch = placed
+                if pending.node == self.node_id:
+                    self._local(pending)
+                    continue
+            self._send(pending)
 
     def _refuse(self, pending: _Pending, why: str) -> None:
         self.counters["node_appends_refused"] += 1
