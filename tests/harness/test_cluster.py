@@ -241,6 +241,7 @@ def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
             capture_output=True, text=True, timeout=30)
         assert re.search(r"^n2\s+127\.0\.0\.1:\d+\s+1/1\s+linked$", status.stdout, re.M), \
             status.stdout + status.stderr
+        assert "metadata: off (each node keeps its own log" in status.stdout  # and says so
     finally:
         dev.send_signal(signal.SIGINT)
         output, _ = dev.communicate(timeout=60)

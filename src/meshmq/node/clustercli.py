@@ -142,6 +142,10 @@ def render_status(state: dict[str, Any]) -> str:
     lines += _figures(state.get("stats") or {})
     metadata = state.get("metadata")
     if not metadata:
+        lines += ["", "metadata: off (each node keeps its own log of every partition; "
+                  "cluster.metadata = true leads the partitions across the nodes)"
+                  if not state.get("metadata_configured")
+                  else "metadata: not reached yet (its voters have not agreed on a state)"]
         return "\n".join(lines)
     controller = metadata.get("controller")
     lines += ["", "metadata: version {} controller {}".format(

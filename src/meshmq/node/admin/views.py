@@ -84,6 +84,7 @@ class WorkerViews:
                     **(cluster.node_catchup.counters if cluster.node_catchup is not None
                        else {})},
                 "metadata": self.metadata_view(),
+                "metadata_configured": cluster.metadata is not None,
                 "stats": cluster.statistics.figures()
                 if isinstance(cluster.statistics, ClusterStatistics) else {}}
 
