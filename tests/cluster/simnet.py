@@ -55,6 +55,7 @@ class Wire:
     timer: float | None = None
     woken: int = 0
     closed: list[int] = field(default_factory=list)
+    last: dict[int, bytes] = field(default_factory=dict)  # written before the close
 
     def now(self) -> float:
         return self.clock.time
@@ -65,7 +66,9 @@ class Wire:
     def schedule(self, when: float) -> None:
         self.timer = when
 
-    def close_link(self, link: int) -> None:
+    def close_link(self, link: int, last: bytes = b"") -> None:
+        if last:
+            self.last[link] = last
         self.closed.append(link)
 
 
@@ -382,7 +385,12 @@ class Net:
         for node in self.nodes:
             for ident in node.wire.closed:
                 if (node.index, ident) in self.ends:
-                    self.cut_ends(node.index, ident)
+                    last = node.wire.last.pop(ident, b"")
+                    peer, target = self.ends[(node.index, ident)]
+                    if last and peer not in self.stopped:  # as a socket's close flushes
+                        self.nodes[peer].mesh.data_received(target, last)
+                    if (node.index, ident) in self.ends:
+                        self.cut_ends(node.index, ident)
                     closed = True
         return closed
 

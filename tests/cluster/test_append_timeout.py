@@ -34,7 +34,7 @@ class Wire:
     def schedule(self, when: float) -> None:
         pass
 
-    def close_link(self, link: int) -> None:
+    def close_link(self, link: int, last: bytes = b"") -> None:
         raise AssertionError("no link is closed here")
 
 

@@ -47,7 +47,7 @@ class Wire:
     def schedule(self, when: float) -> None:
         self.clock.due.append(when)
 
-    def close_link(self, link: int) -> None:
+    def close_link(self, link: int, last: bytes = b"") -> None:
         self.closed.append(link)
 
 

@@ -149,8 +149,9 @@ class MeshIO(Protocol):
     def schedule(self, when: float) -> None:
         """Set the one timer: call ``expire`` at ``when`` (replacing the time set before)."""
 
-    def close_link(self, link: int) -> None:
-        """Close the link (a protocol error, or a newer link to the same peer)."""
+    def close_link(self, link: int, last: bytes = b"") -> None:
+        """Close the link (a protocol error, or a newer link to the same peer), after
+        writing ``last`` (the frames a link refused in its handshake had queued)."""
 
 
 EncodeMessage = Callable[["Message", float], bytes]  # the core's one body (broker/wire.py)
@@ -348,8 +349,11 @@ class Mesh:
         self.counters["link_failures"] += 1
         if not logged:
             log.error("link failed peer=%s: %s: closing the link", link.peer, why)
+        # a link between nodes refused in its handshake: our own LINK_AUTH, queued this turn,
+        # still goes, so that the other end learns of the refusal from its own check too
+        last = b"".join(link.control) if link.remote is not None and not link.ready else b""
         self.link_closed(link.ident)
-        self.io.close_link(link.ident)
+        self.io.close_link(link.ident, last)
 
     def link_closed(self, ident: int) -> None:
         """The link is gone (either side closed it, or it broke)."""

@@ -133,9 +133,11 @@ class MeshSockets:
         self._timer_when = when
         self._timer = self.loop.call_at(when, self._fire)
 
-    def close_link(self, link: int) -> None:
+    def close_link(self, link: int, last: bytes = b"") -> None:
         transport = self._transports.get(link)
         if transport is not None:
+            if last:
+                transport.write(last)  # (close() flushes it first)
             transport.close()
 
     # ------------------------------------------------------------------ start and stop
