@@ -7,6 +7,7 @@ by its partition's leader node and acknowledged only after that (cluster/nodeapp
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,7 +16,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nodes import Nodes
+import pytest
+from netns import unavailable as netns_unavailable
+from nodes import Node, Nodes
 from test_cluster import ADMIN_KEY, acknowledged, metadata, start_metadata_cluster
 
 from conftest import Client, wait_for
@@ -310,5 +313,81 @@ def test_a_leader_node_killed_and_restarted_under_load_loses_nothing(
             report = check_workload(workload, [node.data_dir for node in nodes])
         finally:
             workload.close()
+    print(report.render())
+    assert report.ok and not report.undrained, report.render()
+
+
+LONG = os.environ.get("MESHMQ_FAULTS") == "1"
+
+
+@pytest.mark.faults
+@pytest.mark.skipif(not LONG, reason="the long fault suite runs with MESHMQ_FAULTS=1 "
+                    "(docs/testing.md)")
+@pytest.mark.skipif(netns_unavailable() is not None, reason=netns_unavailable() or "")
+@pytest.mark.timeout(300)
+def test_a_leader_node_partitioned_away_in_a_namespace_loses_nothing(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """Three nodes with the metadata on, each in a network namespace of its own (a real
+    partition, not a proxy); the workload's clients in the root namespace on n1 and n2. n3,
+    leader of some partitions, is partitioned away for longer than the 12 s after which a
+    silent link is closed, then healed. Its partitions are refused or held meanwhile (the
+    appends in flight wait for it), the others go on; after the heal and a drain, the
+    checker finds nothing acknowledged lost."""
+    from checker import check_workload
+    from netns import NetworkLab
+    from test_cluster import cluster_config, free_port_pairs
+    from workload import Publisher, Subscriber, Workload
+
+    with NetworkLab() as lab:
+        spaces = [lab.add(f"n{i + 1}") for i in range(3)]
+        lab.attach_host()
+        ports = free_port_pairs(3)
+        nodes = Nodes([])
+        try:
+            for space, port in zip(spaces, ports, strict=True):
+                seeds = [f"{other.address}:{p}" for other, p in zip(spaces, ports, strict=True)
+                         if other is not space]
+                text = cluster_config(tmp_path, space.short, seeds, extra="metadata = true\n")
+                text = text.replace('listen = "127.0.0.1:0"',
+                                    f'listen = "{space.address}:{port}"', 1)
+                node = Node(space.short, tmp_path / space.short, text, workers=2,
+                            bind=space.address, launcher=space.launcher)
+                nodes.members.append(node)
+                node.start()
+            n1, n2, _ = nodes
+            topics = topics_by_partition()
+            for node in (n1, n2):  # the metadata settled: every partition stored through both
+                probe = client_factory(f"probe-{node.name}")
+                probe.paho.connect(node.bind, node.port)
+                probe.paho.loop_start()
+                probe.connacks.get(timeout=30)
+                for topic in topics.values():
+                    wait_for(lambda probe=probe, topic=topic: acknowledged(
+                        probe, topic, "probe") < 0x80, timeout=90,
+                        what=f"{topic} stored through {node.name}")
+            workload = Workload(prefix="jepsen", partitions=PARTITIONS)
+            try:
+                for index, node in enumerate((n1, n2)):
+                    workload.subscribers.append(
+                        Subscriber(f"sub-{index}", node.address()).start())
+                for index, node in enumerate((n1, n1, n2, n2)):
+                    workload.publishers.append(
+                        Publisher(f"pub-{index}", node.address()).start())
+                workload.wait_acked(400, timeout=60)
+                lab.partition([["n3"]])
+                wait_for(lambda: "link to node lost node=n3" in n1.log(), timeout=60,
+                         what="n1 to close its links to n3 as dead")
+                # (each publisher here publishes to every partition: those with a publish to
+                # n3 in flight when it went away wait for it, held, their windows full)
+                lab.heal()
+                wait_for(lambda: n1.log().count("linked node=n3") >= 4, timeout=60,
+                         what="n1's workers to link n3 again")
+                workload.wait_acked(200, timeout=60)
+                workload.drain(n1.address(), timeout=60)
+                report = check_workload(workload, [node.data_dir for node in nodes])
+            finally:
+                workload.close()
+        finally:
+            nodes.stop_all()
     print(report.render())
     assert report.ok and not report.undrained, report.render()
