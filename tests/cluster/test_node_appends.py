@@ -224,3 +224,21 @@ def test_an_append_without_an_answer_is_unknown_after_its_deadline(tmp_path: Pat
     assert b.log.local.waiting  # b's disk never says durable
     net.advance(APPEND_TIMEOUT + 1.5)
     assert len(outcomes) == 1 and isinstance(outcomes[0], Unknown), outcomes
+
+
+def test_a_resend_whose_link_drops_before_it_left_is_held_not_refused(tmp_path: Path) -> None:
+    """A client's resend (it carries its first attempt's message id) queued for a leader
+    whose link drops before the frame left: this attempt is not stored, but the first may
+    be, so it is held, not refused; it goes when the node is back."""
+    net = ClusterNet({"a": 1, "b": 1}, log_dir=tmp_path)
+    joined(net, {"a": ("b", 1), "b": ("b", 1)})
+    a = net.of("a")
+    outcomes: list[AppendOutcome] = []
+    a.append(TOPIC, b"again", outcomes, b"\x01" * 16)  # queued this turn, not sent yet
+    dialed = next(link for link in a.mesh.remote.values() if link.remote.side.value == "dialed")
+    net.cut_ends(a.index, dialed.ident)
+    settle(net)
+    assert outcomes == []  # held (before: refused, though the first attempt may be stored)
+    net.dial(a.index, "b")
+    settle(net)
+    assert len(outcomes) == 1 and isinstance(outcomes[0], StoredElsewhere), outcomes

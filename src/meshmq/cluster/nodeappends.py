@@ -240,9 +240,11 @@ class NodeAppends:
             outbox, self._outbox = self._outbox, {}
             for peer, entries in outbox.items():
                 if not self.mesh.send(peer, NodeAppend(entries).encode()):
-                    for entry in entries:  # never sent: certainly not stored
+                    for entry in entries:  # never sent: this attempt is not stored
                         pending = self._pending.pop(entry.request_id, None)
-                        if pending is not None:
+                        if pending is not None and pending.resend:
+                            self._hold(pending)  # (its first attempt may be)
+                        elif pending is not None:
                             self._refuse(pending, f"partition {pending.partition} is "
                                                   f"offline: node {pending.node} went down")
         if self._answers:
@@ -341,10 +343,10 @@ class NodeAppends:
         unsent = {entry.request_id for entry in self._outbox.pop(peer, [])}
         for request_id in [r for r, p in self._pending.items() if p.peer == peer]:
             pending = self._pending.pop(request_id)
-            if request_id in unsent:
+            if request_id in unsent and not pending.resend:  # never left: not stored
                 self._refuse(pending, f"partition {pending.partition} is offline: node "
                                       f"{node_id} went down")
-            else:
+            else:  # (a resend's first attempt may be stored there, sent or not)
                 self._hold(pending)
 
     def _hold(self, pending: _Pending) -> None:
