@@ -271,6 +271,23 @@ def test_a_resend_while_its_leader_is_down_is_unknown_again_not_refused(
     assert isinstance(fresh[0], Refused)
 
 
+def test_a_resend_whose_link_drops_before_it_left_is_unknown_not_refused(
+        tmp_path: Path) -> None:
+    """A resend queued for its leader in the turn the link drops never left: this attempt is
+    not stored, but its first may be: unknown, not refused (a new publish is refused)."""
+    net = Net(2, log_dir=tmp_path)
+    leader, requester = net.nodes
+    topic = led_by(leader, 0)
+    again: list[AppendOutcome] = []
+    fresh: list[AppendOutcome] = []
+    requester.append(topic, b"first", again, b"\x07" * 16)  # a resend, queued this turn
+    requester.append(topic, b"new", fresh)
+    net.cut(0, 1)  # before the turn's frame left
+    net.pump()
+    assert isinstance(again[0], Unknown) and again[0].message_id == b"\x07" * 16
+    assert isinstance(fresh[0], Refused)
+
+
 def test_a_restarted_leader_recognises_a_resend_it_stored_before(tmp_path: Path) -> None:
     """The ids a leader remembers are read back from its log when it starts: a resend whose
     first attempt was stored before the leader restarted is not stored twice."""

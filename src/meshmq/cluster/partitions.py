@@ -228,8 +228,11 @@ class PartitionedLog(LogAccess):
         outbox, self._outbox = self._outbox, {}
         for leader, entries in outbox.items():
             if not self.mesh.send(leader, Append(entries).encode()):
-                for entry in entries:  # never sent: certainly not stored
-                    self._fail(entry.request_id, "its leader went down")
+                for entry in entries:  # never sent: this attempt is not stored
+                    if entry.resend:  # (its first may be)
+                        self._unknown(entry.request_id, "its leader went down")
+                    else:
+                        self._fail(entry.request_id, "its leader went down")
         self._deadlines.append((self.mesh.io.now() + APPEND_TIMEOUT, self._next_request - 1))
         if self._deadline_timer is None:
             self._arm_deadline()
@@ -310,11 +313,12 @@ class PartitionedLog(LogAccess):
 
     def _link_down(self, peer: int) -> None:
         """The link to ``peer`` is gone: the appends it was asked for may or may not be
-        stored (unknown); those still in this turn's outbox were never sent (refused); the
-        answers queued for it belong to that link (dropped)."""
-        unsent = {entry.request_id for entry in self._outbox.pop(peer, [])}
+        stored (unknown); those still in this turn's outbox were never sent (refused, unless
+        a resend: its first attempt may be stored); the answers queued for it belong to that
+        link (dropped)."""
+        unsent = {entry.request_id: entry.resend for entry in self._outbox.pop(peer, [])}
         for request_id in [r for r, p in self._pending.items() if p.leader == peer]:
-            if request_id in unsent:
+            if request_id in unsent and not unsent[request_id]:
                 self._fail(request_id, f"its leader, worker {peer}, went down")
             else:
                 self._unknown(request_id, f"the link to its leader, worker {peer}, dropped "
