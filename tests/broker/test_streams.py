@@ -314,3 +314,32 @@ def test_a_stream_closed_while_moving_stays_closed(run: Runner) -> None:
         acceptor.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("run", RUNNERS)
+def test_a_stream_moves_with_its_pending_output_and_the_writer_is_resumed(run: Runner) -> None:
+    async def scenario() -> None:
+        acceptor, port, made = await serve(Movable)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"start")
+        assert await reader.readexactly(5) == b"start"
+        protocol = made[0]
+        stream = protocol.transport
+        stream.set_write_buffer_limits(high=65536)
+        blob = bytes(range(256)) * 256  # 64 KB
+        sent = 0
+        while not protocol.pauses and sent < 4096:  # until the kernel's buffers are full
+            stream.write(blob)  # (busy: these writes also start the move)
+            sent += 1
+        assert protocol.pauses == 1 and stream.get_write_buffer_size() > 65536
+        await until(lambda: bool(protocol.moved_to))  # moved, pending output and all
+        assert stream.fd == -1  # the old stream let go of its descriptor
+        assert await reader.readexactly(sent * len(blob)) == blob * sent
+        await asyncio.wait_for(protocol.resumed.wait(), 5)
+        writer.write(b"end")
+        assert await reader.readexactly(3) == b"end"  # and it goes on, on the new transport
+        writer.close()
+        await asyncio.wait_for(protocol.lost, 5)
+        acceptor.close()
+
+    run(scenario())

@@ -26,8 +26,9 @@ per idle connection than uvloop's transport; a busy connection moves to uvloop's
 
 Accepting a storm. libuv (under uvloop) accepts one connection per listening handle per loop
 turn (libuv PR 3696): with one handle, a storm's connections waiting in the accept queue cost
-a loop turn each (the tcp listener's ``TcpAcceptor`` takes up to 16 a turn itself). While connections queue, each listening socket is therefore polled by
-``ACCEPTS_PER_TURN`` handles: the socket's own and ``dup`` descriptors of it, each its own
+a loop turn each (the tcp listener's ``TcpAcceptor`` takes up to 16 a turn itself). While
+connections queue, each other listening socket is therefore polled by ``ACCEPTS_PER_TURN``
+handles: the socket's own and ``dup`` descriptors of it, each its own
 asyncio server with the same protocol factory, sharing the one accept queue, bind and port (a
 port in use fails as before; the socket closes with its last handle). A turn then accepts up
 to 16 connections. The extra handles cost a connection that arrives alone a wasted

@@ -387,8 +387,9 @@ class TcpStream(asyncio.Transport):
     def _handed_over(self, transport: asyncio.Transport) -> bool:
         """``Handover``: move to ``transport`` now if still plainly open; False if not."""
         protocol = self.protocol
-        if self.fd < 0 or self._closing or self._shut or not self._reading \
-                or protocol is None or self._write_paused:
+        # (Not while reading is paused: uvloop starts reading after ``connection_made`` even
+        # if ``pause_reading`` was called in it.)
+        if self.fd < 0 or self._closing or self._shut or not self._reading or protocol is None:
             self._busy = 0  # it may try again
             return False
         fd = self.fd
@@ -401,10 +402,12 @@ class TcpStream(asyncio.Transport):
         transport.set_write_buffer_limits(high, low)
         transport.set_protocol(protocol)
         if self._out:
-            transport.write(bytes(self._out))
+            transport.write(bytes(self._out))  # (past ``high``, it pauses the protocol itself)
             self._out = _NO_OUTPUT
         self.protocol = None
         protocol.replace_transport(transport)  # type: ignore[attr-defined]
+        if self._write_paused and transport.get_write_buffer_size() <= high:
+            protocol.resume_writing()  # the new transport will not: it never paused it
         return True
 
     # ------------------------------------------------------------------ the end
