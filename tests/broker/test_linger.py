@@ -1,9 +1,10 @@
 """broker/transport/linger.py on real sockets in one event loop: half-close, drain, and the
-two bounds."""
+two bounds; under the event loop's transports and under the tcp listener's ``TcpStream``."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -12,10 +13,31 @@ import uvloop
 
 from meshmq.broker.transport import linger
 from meshmq.broker.transport.linger import LINGER_BYTES, Linger, close_gracefully
+from meshmq.broker.transport.stream import TcpAcceptor
 
 Runner = Callable[[Coroutine[Any, Any, None]], None]
-# The broker runs on uvloop; the standard loop too, as the layer must not depend on one.
-RUNNERS = [pytest.param(uvloop.run, id="uvloop"), pytest.param(asyncio.run, id="asyncio")]
+Runs = tuple[Runner, bool]  # the loop's run, and whether the server is a ``StreamServer``
+# The broker runs on uvloop; the standard loop too, as the layer must not depend on one. Each
+# with the loop's own transports, and with the streams of the tcp listener (stream.py).
+RUNNERS = [
+    pytest.param((uvloop.run, False), id="uvloop"),
+    pytest.param((asyncio.run, False), id="asyncio"),
+    pytest.param((uvloop.run, True), id="uvloop-streams"),
+    pytest.param((asyncio.run, True), id="asyncio-streams"),
+]
+STREAMS = False  # set by ``run``: serve_one's server
+
+
+class StreamServer:
+    """What these tests use of ``asyncio.Server``, with a ``TcpAcceptor`` underneath."""
+
+    def __init__(self, factory: Callable[[], asyncio.Protocol]) -> None:
+        sock = socket.create_server(("127.0.0.1", 0))
+        self.sockets = [sock]
+        self.acceptor = TcpAcceptor(sock, factory, asyncio.get_running_loop())
+
+    def close(self) -> None:
+        self.acceptor.close()
 
 
 class LastWords(asyncio.Protocol):
@@ -46,6 +68,8 @@ async def serve_one() -> tuple[asyncio.Server, list[LastWords]]:
         made.append(LastWords())
         return made[-1]
 
+    if STREAMS:
+        return StreamServer(factory), made  # type: ignore[return-value]  # (its two methods)
     server = await asyncio.get_running_loop().create_server(factory, "127.0.0.1", 0)
     return server, made
 
@@ -60,8 +84,8 @@ async def last_words(server: asyncio.Server) -> tuple[asyncio.StreamReader,
     return reader, writer
 
 
-@pytest.mark.parametrize("run", RUNNERS)
-def test_peer_reads_our_last_bytes_then_eof_and_its_eof_closes(run: Runner) -> None:
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_peer_reads_our_last_bytes_then_eof_and_its_eof_closes(runner: Runs) -> None:
     async def scenario() -> None:
         server, made = await serve_one()
         _, writer = await last_words(server)
@@ -70,11 +94,11 @@ def test_peer_reads_our_last_bytes_then_eof_and_its_eof_closes(run: Runner) -> N
         await asyncio.wait_for(made[0].lost, 1)
         server.close()
 
-    run(scenario())
+    run(runner, scenario())
 
 
-@pytest.mark.parametrize("run", RUNNERS)
-def test_peer_sending_more_than_the_byte_bound_is_cut_off(run: Runner) -> None:
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_peer_sending_more_than_the_byte_bound_is_cut_off(runner: Runs) -> None:
     async def scenario() -> None:
         server, made = await serve_one()
         _, writer = await last_words(server)
@@ -89,11 +113,11 @@ def test_peer_sending_more_than_the_byte_bound_is_cut_off(run: Runner) -> None:
         assert LINGER_BYTES < linger_protocol.dropped <= LINGER_BYTES + 2 * 262_144
         server.close()
 
-    run(scenario())
+    run(runner, scenario())
 
 
-@pytest.mark.parametrize("run", RUNNERS)
-def test_silent_peer_is_cut_off_after_the_time_bound(monkeypatch, run: Runner) -> None:
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_silent_peer_is_cut_off_after_the_time_bound(monkeypatch, runner: Runs) -> None:
     monkeypatch.setattr(linger, "LINGER_SECONDS", 0.2)
 
     async def scenario() -> None:
@@ -106,12 +130,12 @@ def test_silent_peer_is_cut_off_after_the_time_bound(monkeypatch, run: Runner) -
         writer.close()
         server.close()
 
-    run(scenario())
+    run(runner, scenario())
 
 
-@pytest.mark.parametrize("run", RUNNERS)
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_many_lingering_sockets_share_one_timer_and_each_is_cut_off(monkeypatch,
-                                                                     run: Runner) -> None:
+                                                                     runner: Runs) -> None:
     """Fifty silent peers linger at once: one queue entry each and one loop timer, and every
     socket is closed at its time bound; one peer that closes early is let go at once and its
     entry, when it comes due, does nothing."""
@@ -138,4 +162,13 @@ def test_many_lingering_sockets_share_one_timer_and_each_is_cut_off(monkeypatch,
             writer.close()
         server.close()
 
-    run(scenario())
+    run(runner, scenario())
+
+
+def run(runner: Runs, scenario: Coroutine[Any, Any, None]) -> None:
+    global STREAMS
+    loop_run, STREAMS = runner
+    try:
+        loop_run(scenario)
+    finally:
+        STREAMS = False

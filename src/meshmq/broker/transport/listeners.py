@@ -20,10 +20,15 @@ and creates what runs above it only once the handshake is done: with ``tls.cert_
 MQTT side carries the certificate's CN (see ``certauth.py``). Every layer with a handshake
 (TLS, WebSocket, MQTT CONNECT) has its own deadline of ``mqtt.connect_timeout``.
 
+The plain ``tcp`` listener (on Linux) does not use uvloop's server: it accepts on its own and
+each connection is a ``TcpStream`` on one epoll set per loop (``stream.py``), about 1 KB less
+per idle connection than uvloop's transport; a busy connection moves to uvloop's transport.
+
 Accepting a storm. libuv (under uvloop) accepts one connection per listening handle per loop
 turn (libuv PR 3696): with one handle, a storm's connections waiting in the accept queue cost
-a loop turn each. While connections queue, each listening socket is therefore polled by
-``ACCEPTS_PER_TURN`` handles: the socket's own and ``dup`` descriptors of it, each its own
+a loop turn each (the tcp listener's ``TcpAcceptor`` takes up to 16 a turn itself). While
+connections queue, each other listening socket is therefore polled by ``ACCEPTS_PER_TURN``
+handles: the socket's own and ``dup`` descriptors of it, each its own
 asyncio server with the same protocol factory, sharing the one accept queue, bind and port (a
 port in use fails as before; the socket closes with its last handle). A turn then accepts up
 to 16 connections. The extra handles cost a connection that arrives alone a wasted
@@ -56,6 +61,8 @@ from meshmq.broker.transport.certificates import ServerCertificates
 from meshmq.broker.transport.layer import stream_transport
 from meshmq.broker.transport.linger import close_gracefully
 from meshmq.broker.transport.protocol import WRITE_HARD_LIMIT, ClientProtocol
+from meshmq.broker.transport.stream import TcpAcceptor
+from meshmq.broker.transport.stream import available as streams_available
 from meshmq.broker.transport.tls import TLSLayer
 from meshmq.broker.transport.websocket import WebSocketLayer
 from meshmq.config import listen_address
@@ -325,7 +332,10 @@ class Listener:
         self.port = 0
         self.server: asyncio.base_events.Server | None = None
         self.factory: Callable[[], asyncio.Protocol]  # what each accepted socket starts with
-        if not spec.tls and spec.path is None:  # plain MQTT, the common case: no gate
+        # Plain MQTT, the common case: no gate, and (on Linux) no uvloop transport (stream.py).
+        self.streams = not spec.tls and spec.path is None and streams_available()
+        self.acceptors: list[TcpAcceptor] = []
+        if not spec.tls and spec.path is None:
             self.factory = TcpClientProtocol.for_listener(self)
         else:
             self.factory = partial(Gate, self)
@@ -344,6 +354,9 @@ class Listener:
         spec = self.spec
         loop = asyncio.get_running_loop()
         try:
+            if self.streams:
+                await self._start_streams(loop)
+                return
             self.server = server = await loop.create_server(
                 self.factory, spec.bind, spec.port, reuse_address=True, backlog=4096,
                 reuse_port=self.reuse_port or None,
@@ -366,6 +379,33 @@ class Listener:
                 f" error={reason}"
             ) from None
         self.port = server.sockets[0].getsockname()[1]
+
+    async def _start_streams(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The plain tcp listener: accept on our own, each connection a ``TcpStream``.
+
+        The event loop still binds the sockets (the same addresses, options and errors as
+        for the other listeners), without listening; we listen on a descriptor of our own."""
+        spec = self.spec
+        server = await loop.create_server(
+            self.factory, spec.bind, spec.port, reuse_address=True, backlog=4096,
+            reuse_port=self.reuse_port or None, start_serving=False,
+        )
+        try:
+            sockets = [socket.socket(sock.family, sock.type, sock.proto, os.dup(sock.fileno()))
+                       for sock in server.sockets]
+        finally:
+            server.close()  # (its descriptors: ours keep the sockets)
+        try:
+            for sock in sockets:
+                if sock.family in (socket.AF_INET, socket.AF_INET6):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited
+                sock.listen(4096)  # (where a port in use fails)
+        except OSError:
+            for sock in sockets:
+                sock.close()
+            raise
+        self.acceptors = [TcpAcceptor(sock, self.factory, loop) for sock in sockets]
+        self.port = sockets[0].getsockname()[1]
 
     # ------------------------------------------------------------------ accepting a storm
 
@@ -443,6 +483,9 @@ class Listener:
         self._narrow()
         if self.server is not None:
             self.server.close()
+        for acceptor in self.acceptors:
+            acceptor.close()
+        self.acceptors = []
         if self._probe is not None:
             self._probe.close()
             self._probe = None

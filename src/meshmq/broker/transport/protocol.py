@@ -187,6 +187,11 @@ class ClientProtocol(asyncio.Protocol):
             self.close_reason = "socket closed"
         self.broker.connection_lost(self)
 
+    def replace_transport(self, transport: asyncio.Transport) -> None:
+        """The socket moved to ``transport`` (a busy connection of the tcp listener leaves its
+        ``TcpStream`` for a transport of the event loop's, stream.py); nothing else changes."""
+        self.transport = transport
+
     def pause_writing(self) -> None:
         self._write_paused = True
 
