@@ -327,3 +327,23 @@ def split_position(pairs: Pairs | None) -> tuple[Pairs, tuple[int, int] | None]:
     if [name for name, _ in pairs[-2:]] != ["meshmq-partition", "meshmq-offset"]:
         return pairs, None
     return pairs[:-2], (int(pairs[-2][1]), int(pairs[-1][1]))
+
+
+def worker_of(connack_props: object) -> int:
+    pairs = dict(getattr(connack_props, "UserProperty", []) or [])
+    return int(pairs.get("meshmq-worker", 0))  # a single-process node: always "worker 0"
+
+
+def connect_on(client_factory: Callable[..., Client], broker: BrokerProcess, worker: int,
+               client_id: str = "", clean_start: bool = True, expiry: int = 0,
+               **kwargs: object) -> Client:
+    """A 5.0 client connected to ``worker`` (new connections until one lands there)."""
+    for _ in range(64):
+        client = client_factory(client_id, **kwargs)
+        connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=expiry) if expiry else None
+        _, _, connack = client.connect(broker.port, clean_start=clean_start,
+                                       properties=connect_props)
+        if worker_of(connack) == worker:
+            return client
+        client.disconnect()
+    pytest.fail(f"no connection landed on worker {worker} in 64 tries")

@@ -14,9 +14,9 @@ import zlib
 from collections.abc import Callable
 
 from paho.mqtt.packettypes import PacketTypes
-from test_workers import LOG_ON, connect_on, worker_pids
+from test_workers import LOG_ON, worker_pids
 
-from conftest import WAIT, BrokerProcess, Client, props, wait_for
+from conftest import WAIT, BrokerProcess, Client, connect_on, props, wait_for
 
 PARTITIONS = 8  # log.partitions by default
 

@@ -12,9 +12,9 @@ import os
 import signal
 from collections.abc import Callable
 
-from test_workers import LOG_OFF, connect_on, worker_pids
+from test_workers import LOG_OFF, worker_pids
 
-from conftest import BrokerProcess, Client, wait_for
+from conftest import BrokerProcess, Client, connect_on, wait_for
 
 
 def test_a_stopped_peer_pauses_only_the_publishers_that_send_to_it(

@@ -67,23 +67,32 @@ class Recorder(asyncio.Protocol):
         self.lost.set_result(exc)
 
 
-async def serve(make: Callable[[], asyncio.Protocol]) -> tuple[TcpAcceptor, int, list[Any]]:
-    made: list[Any] = []
+class Made(list[Any]):
+    """The protocols an acceptor made, in order; ``count(n)`` waits until it made ``n``."""
 
-    def factory() -> asyncio.Protocol:
-        made.append(make())
-        return made[-1]
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
 
+    def add(self, protocol: Any) -> Any:
+        self.append(protocol)
+        for wanted, made in self._waiting:
+            if len(self) >= wanted and not made.done():
+                made.set_result(None)
+        return protocol
+
+    async def count(self, wanted: int) -> None:
+        if len(self) < wanted:
+            made = asyncio.get_running_loop().create_future()
+            self._waiting.append((wanted, made))
+            await asyncio.wait_for(made, 5)
+
+
+async def serve(make: Callable[[], asyncio.Protocol]) -> tuple[TcpAcceptor, int, Made]:
+    made = Made()
     sock = socket.create_server(("127.0.0.1", 0))
-    return TcpAcceptor(sock, factory, asyncio.get_running_loop()), sock.getsockname()[1], made
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    async def wait() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(wait(), 5)
+    return (TcpAcceptor(sock, lambda: made.add(make()), asyncio.get_running_loop()),
+            sock.getsockname()[1], made)
 
 
 @pytest.mark.parametrize("run", RUNNERS)
@@ -92,7 +101,7 @@ def test_output_the_kernel_does_not_take_waits_pauses_the_protocol_and_arrives_w
     async def scenario() -> None:
         acceptor, port, made = await serve(Recorder)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        await until(lambda: bool(made))
+        await made.count(1)
         stream = made[0].transport
         stream.set_write_buffer_limits(high=65536)
         blob = bytes(range(256)) * 64  # 16 KB
@@ -144,7 +153,7 @@ def test_a_reset_peer_is_lost_with_the_error(run: Runner) -> None:
     async def scenario() -> None:
         acceptor, port, made = await serve(Recorder)
         client = socket.create_connection(("127.0.0.1", port))
-        await until(lambda: bool(made))
+        await made.count(1)
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         client.close()  # a reset
         made[0].transport.write(b"x" * 100)  # (a write may be what finds out)
@@ -170,9 +179,9 @@ def test_a_failing_protocol_is_aborted_and_reported_and_the_others_go_on(run: Ru
         kinds = [Failing, lambda: Recorder(reply=b"ok")]
         acceptor, port, made = await serve(lambda: kinds.pop(0)())
         bad_reader, bad_writer = await asyncio.open_connection("127.0.0.1", port)
-        await until(lambda: len(made) == 1)
+        await made.count(1)
         good_reader, good_writer = await asyncio.open_connection("127.0.0.1", port)
-        await until(lambda: len(made) == 2)
+        await made.count(2)
         bad_writer.write(b"boom")
         good_writer.write(b"fine")
         assert await good_reader.readexactly(2) == b"ok"
@@ -194,7 +203,7 @@ def test_streams_left_open_are_closed_when_the_loop_run_ends(run: Runner) -> Non
     async def scenario() -> None:
         acceptor, port, made = await serve(Recorder)
         clients.append(socket.create_connection(("127.0.0.1", port)))
-        await until(lambda: bool(made))
+        await made.count(1)
         acceptor.close()  # the listening socket: the connection stays
 
     run(scenario())
@@ -230,15 +239,19 @@ def test_an_idle_connection_costs_under_1500_bytes_of_python_heap(tmp_path: Path
                 client = socket.create_connection(("127.0.0.1", server.port))
                 client.sendall(packet)
                 clients.append(client)
-            await until(lambda: broker.counters["connects"] == count)
+            def connacks() -> list[bytes]:  # (a thread: the broker runs on this loop)
+                for client in clients:
+                    client.settimeout(5)
+                return [client.recv(4) for client in clients]
+
+            accepted = await asyncio.to_thread(connacks)
+            assert accepted == [b"\x20\x02\x00\x00"] * count  # each was accepted
+            assert broker.counters["connects"] == count
             gc.collect()
             after = tracemalloc.take_snapshot().filter_traces(mine)
             tracemalloc.stop()
             grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
             assert grown / count < 1500, f"{grown / count:.0f} bytes per idle connection"
-            for client in clients:
-                client.settimeout(5)
-                assert client.recv(4) == b"\x20\x02\x00\x00"  # each was accepted
         finally:
             tracemalloc.stop()
             for client in clients:
@@ -254,9 +267,11 @@ class Movable(Recorder):
     def __init__(self) -> None:
         super().__init__(reply=b"")
         self.moved_to: list[asyncio.Transport] = []
+        self.moved = asyncio.Event()
 
     def replace_transport(self, transport: asyncio.Transport) -> None:
         self.moved_to.append(transport)
+        self.moved.set()
         self.transport = transport  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -332,7 +347,7 @@ def test_a_stream_moves_with_its_pending_output_and_the_writer_is_resumed(run: R
             stream.write(blob)  # (busy: these writes also start the move)
             sent += 1
         assert protocol.pauses == 1 and stream.get_write_buffer_size() > 65536
-        await until(lambda: bool(protocol.moved_to))  # moved, pending output and all
+        await asyncio.wait_for(protocol.moved.wait(), 5)  # moved, pending output and all
         assert stream.fd == -1  # the old stream let go of its descriptor
         assert await reader.readexactly(sent * len(blob)) == blob * sent
         await asyncio.wait_for(protocol.resumed.wait(), 5)

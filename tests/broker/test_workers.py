@@ -2,7 +2,7 @@
 session takeover, persistent sessions, wills and the commit log across workers.
 
 Each client learns which worker serves it from the ``meshmq-worker`` CONNACK user property;
-``connect_on`` reconnects until the kernel's SO_REUSEPORT choice lands it on the worker a test
+``connect_on`` (conftest.py) reconnects until the kernel's SO_REUSEPORT choice lands it on the worker a test
 needs.
 """
 
@@ -19,31 +19,11 @@ from pathlib import Path
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from conftest import WAIT, BrokerProcess, Client, props, wait_for
+from conftest import WAIT, BrokerProcess, Client, connect_on, props, wait_for, worker_of
 from meshmq.cluster.partitions import APPEND_TIMEOUT
 
 LOG_OFF = "[log]\nenabled = false\n"
 LOG_ON = '[log]\nenabled = true\nfsync = "always"\n'
-
-
-def worker_of(connack_props: object) -> int:
-    pairs = dict(getattr(connack_props, "UserProperty", []) or [])
-    return int(pairs.get("meshmq-worker", 0))  # a single-process node: always "worker 0"
-
-
-def connect_on(client_factory: Callable[..., Client], broker: BrokerProcess, worker: int,
-               client_id: str = "", clean_start: bool = True, expiry: int = 0,
-               **kwargs: object) -> Client:
-    """A 5.0 client connected to ``worker`` (new connections until one lands there)."""
-    for _ in range(64):
-        client = client_factory(client_id, **kwargs)
-        connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=expiry) if expiry else None
-        _, _, connack = client.connect(broker.port, clean_start=clean_start,
-                                       properties=connect_props)
-        if worker_of(connack) == worker:
-            return client
-        client.disconnect()
-    pytest.fail(f"no connection landed on worker {worker} in 64 tries")
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from collections.abc import Callable
 import pytest
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
-from test_workers import LOG_OFF, LOG_ON, connect_on
+from test_workers import LOG_OFF, LOG_ON
 
-from conftest import WAIT, BrokerProcess, Client, props, wait_for
+from conftest import WAIT, BrokerProcess, Client, connect_on, props, wait_for
 
 TRIALS = 40  # repetitions of a race that showed up in a few percent of the tries
 

@@ -11,10 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import paho.mqtt.client as mqtt
-import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from conftest import WAIT, BrokerProcess, Client, props
+from conftest import WAIT, Client, props
 
 PARTITIONS = 8  # log.partitions by default
 
@@ -28,26 +27,6 @@ def service_on(worker: int, workers: int, prefix: str) -> str:
     """A service name ``prefix-N`` that worker ``worker`` dispatches."""
     return next(f"{prefix}-{n}" for n in range(100)
                 if dispatcher_of(f"{prefix}-{n}", workers) == worker)
-
-
-def worker_of(connack_props: object) -> int:
-    pairs = dict(getattr(connack_props, "UserProperty", []) or [])
-    return int(pairs.get("meshmq-worker", 0))
-
-
-def connect_on(client_factory: Callable[..., Client], broker: BrokerProcess, worker: int,
-               client_id: str = "", clean_start: bool = True, expiry: int = 0,
-               **kwargs: object) -> Client:
-    """A 5.0 client connected to ``worker`` (new connections until one lands there)."""
-    for _ in range(64):
-        client = client_factory(client_id, **kwargs)
-        connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=expiry) if expiry else None
-        _, _, connack = client.connect(broker.port, clean_start=clean_start,
-                                       properties=connect_props)
-        if worker_of(connack) == worker:
-            return client
-        client.disconnect()
-    pytest.fail(f"no connection landed on worker {worker} in 64 tries")
 
 
 def users(message: mqtt.MQTTMessage) -> dict[str, str]:

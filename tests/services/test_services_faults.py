@@ -88,7 +88,8 @@ async def scenario(node: Node, kill: str) -> Ledger:
     async def handle(request: Request) -> bytes:
         ledger.executed[request.payload].append((request.request_id, request.retry,
                                                  request.dup))
-        await asyncio.sleep(0.01)  # a little work: requests are in hand when the kill comes
+        if halfway.is_set() and not killed.is_set():  # in hand when the kill comes: held
+            await killed.wait()  # until the node (or its dispatcher) is back
         return b"done:" + request.payload
 
     workers = [await client_on(node, w % 2, f"sw-{w}") for w in range(4)]

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from paho.mqtt.packettypes import PacketTypes
-from servicekit import Caller, PahoWorker, connect_on, service_on
+from servicekit import Caller, PahoWorker, service_on
 
-from conftest import BrokerProcess, Client, props, wait_for
+from conftest import BrokerProcess, Client, connect_on, props, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
 from admin_http import ADMIN, get, metrics, total  # tests/node: HTTP to the admin listener

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from servicekit import Caller, PahoWorker, connect_on, service_on
+from servicekit import Caller, PahoWorker, service_on
 
-from conftest import WAIT, BrokerProcess, Client
+from conftest import WAIT, BrokerProcess, Client, connect_on
 from mqttjs import mqttjs_dir, node_environment
 
 pytestmark = pytest.mark.interop

@@ -14,15 +14,9 @@ from pathlib import Path
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
-from servicekit import (
-    Caller,
-    PahoWorker,
-    acked_code,
-    connect_on,
-    service_on,
-)
+from servicekit import Caller, PahoWorker, acked_code, service_on
 
-from conftest import WAIT, BrokerProcess, Client, props
+from conftest import WAIT, BrokerProcess, Client, connect_on, props
 
 FAST = """
 [log]

@@ -1006,7 +1006,7 @@ class ForwardAt:
     forward: Forward
 
     def encode(self) -> bytes:
-        return forward_at_frame(self.partition, self.offset, self.forward.groups,
+        return forward_at_frame((self.partition, self.offset), self.forward.groups,
                                 self.forward.message, self.forward.relayed)
 
     @classmethod
@@ -1020,12 +1020,15 @@ class ForwardAt:
 _PLACE = struct.Struct(">IQ")
 
 
-def forward_at_frame(partition: int, offset: int, groups: list[GroupKey], body: bytes,
+def forward_at_frame(place: tuple[int, int] | None, groups: list[GroupKey], body: bytes,
                      relayed: bool = False) -> bytes:
-    """FORWARD_AT: the record's place, then a FORWARD's body."""
+    """FORWARD_AT: the record's place (partition, offset), then a FORWARD's body; without a
+    place, a plain FORWARD."""
     inner = forward_frame(groups, body, relayed)
+    if place is None:
+        return inner
     return (_HEADER.pack(len(inner) - 4 + 12, FrameType.FORWARD_AT)
-            + _PLACE.pack(partition, offset) + inner[5:])
+            + _PLACE.pack(*place) + inner[5:])
 
 
 @dataclass(frozen=True, slots=True)

@@ -595,7 +595,7 @@ class Mesh:
             self.local_groups = targets.pop(self.local_for, None)
         if not targets:
             return here, 0
-        body = node_body = None
+        body = node_body = place = None
         before = self.before_ordered
         for peer, groups in targets.items():
             link = self.routable[peer]
@@ -608,9 +608,8 @@ class Mesh:
                 continue
             if node_body is None:
                 node_body = self.encode_for_node(message, now)
-            place = message.position if self.places_for_nodes else None
-            self._forward(link, forward_frame(groups, node_body) if place is None
-                          else forward_at_frame(place[0], place[1], groups, node_body))
+                place = message.position if self.places_for_nodes else None
+            self._forward(link, forward_at_frame(place, groups, node_body))
         self.counters["forwarded"] += len(targets)
         return here, len(targets)
 
@@ -624,10 +623,8 @@ class Mesh:
         groups = targets.get(peer)
         if groups is None:
             return False
-        body = self.encode_for_node(message, now)
-        place = message.position
-        self._forward(link, forward_frame(groups, body) if place is None
-                      else forward_at_frame(place[0], place[1], groups, body))
+        self._forward(link, forward_at_frame(message.position, groups,
+                                             self.encode_for_node(message, now)))
         return True
 
     def forward_to(self, link: _Link, frame: bytes) -> None:

@@ -207,15 +207,16 @@ class NodeAppends:
         return True
 
     def _send(self, pending: _Pending) -> None:
-        known = self.links.nodes.get(pending.node)
-        link = known.link if known is not None else None
-        if link is None or link.peer is None:
+        link = self.links.dialed(pending.node)
+        if link is None:
             why = (f"partition {pending.partition} is offline: its leader, node "
                    f"{pending.node}, is not linked")
             if pending.resend:  # its first attempt may be stored there: wait for the node
                 return self._hold(pending)
             return self._refuse(pending, why)
-        peer = pending.peer = link.peer
+        peer = link.peer
+        assert peer is not None  # (dialed: up)
+        pending.peer = peer
         request_id = self._next_request
         self._next_request += 1
         self._pending[request_id] = pending
@@ -240,13 +241,10 @@ class NodeAppends:
             outbox, self._outbox = self._outbox, {}
             for peer, entries in outbox.items():
                 if not self.mesh.send(peer, NodeAppend(entries).encode()):
-                    for entry in entries:  # never sent: this attempt is not stored
+                    for entry in entries:
                         pending = self._pending.pop(entry.request_id, None)
-                        if pending is not None and pending.resend:
-                            self._hold(pending)  # (its first attempt may be)
-                        elif pending is not None:
-                            self._refuse(pending, f"partition {pending.partition} is "
-                                                  f"offline: node {pending.node} went down")
+                        if pending is not None:
+                            self._never_left(pending, pending.node)
         if self._answers:
             answers, self._answers = self._answers, {}
             for peer, (link, batch) in answers.items():
@@ -281,11 +279,7 @@ class NodeAppends:
         if newer:
             pending.epoch, pending.node = max(newer)
             self.counters["node_appends_redirected"] += 1
-            if pending.node == self.node_id:  # ours now: this node's log takes it
-                self._local(pending)
-            else:
-                self._send(pending)
-            return
+            return self._go(pending)
         if self.mesh.io.now() >= pending.deadline:
             self._refuse(pending, f"partition {pending.partition}: node {pending.node} does "
                                   f"not lead it at epoch {pending.epoch} (it knows "
@@ -300,16 +294,20 @@ class NodeAppends:
         self._retry_timer = None
         retry, self._retry = self._retry, []
         for pending in retry:
-            placed = self.placements.of(pending.partition)
-            if placed is not None and placed[0] == self.node_id:
-                self._local(pending)
-                continue
-            if placed is not None and placed[1] >= pending.epoch:
-                pending.node, pending.epoch = placed
-            self._send(pending)
+            self._again(pending)
 
-    def _local(self, pending: _Pending) -> None:
-        """The partition is led by this node now: its log takes the publish."""
+    def _again(self, pending: _Pending) -> None:
+        """Send ``pending`` again, to the leader the mirror names now if it is as new as the
+        one tried."""
+        placed = self.placements.of(pending.partition)
+        if placed is not None and placed[1] >= pending.epoch:
+            pending.node, pending.epoch = placed
+        self._go(pending)
+
+    def _go(self, pending: _Pending) -> None:
+        if pending.node != self.node_id:
+            return self._send(pending)
+        # the partition is led by this node now: its log takes the publish
         self.log.append(pending.message, pending.client_id, pending.done,
                         pending.message_id if pending.resend else None)
 
@@ -343,11 +341,18 @@ class NodeAppends:
         unsent = {entry.request_id for entry in self._outbox.pop(peer, [])}
         for request_id in [r for r, p in self._pending.items() if p.peer == peer]:
             pending = self._pending.pop(request_id)
-            if request_id in unsent and not pending.resend:  # never left: not stored
-                self._refuse(pending, f"partition {pending.partition} is offline: node "
-                                      f"{node_id} went down")
-            else:  # (a resend's first attempt may be stored there, sent or not)
+            if request_id in unsent:
+                self._never_left(pending, node_id)
+            else:
                 self._hold(pending)
+
+    def _never_left(self, pending: _Pending, node_id: str) -> None:
+        """An append whose frame never left (the node went down first): this attempt is not
+        stored, so it is refused, unless it is a resend, whose first attempt may be: held."""
+        if pending.resend:
+            return self._hold(pending)
+        self._refuse(pending, f"partition {pending.partition} is offline: node {node_id} "
+                              "went down")
 
     def _hold(self, pending: _Pending) -> None:
         """An append that may be stored at a leader node that is not linked now: no answer
@@ -364,13 +369,7 @@ class NodeAppends:
     def _node_up(self, peer: int, node_id: str) -> None:
         """The dialed link to ``node_id`` is up: what was held for it goes now."""
         for pending in self._held.pop(node_id, []):
-            placed = self.placements.of(pending.partition)
-            if placed is not None and placed[1] > pending.epoch:  # led elsewhere meanwhile
-                pending.node, pending.epoch = placed
-                if pending.node == self.node_id:
-                    self._local(pending)
-                    continue
-            self._send(pending)
+            self._again(pending)
 
     def _refuse(self, pending: _Pending, why: str) -> None:
         self.counters["node_appends_refused"] += 1

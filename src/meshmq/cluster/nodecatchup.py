@@ -103,8 +103,7 @@ class NodeCatchup:
 
     def _send_wanted(self, node_id: str) -> None:
         wanted = self.wanted.get(node_id)
-        known = self.links.nodes.get(node_id)
-        link = known.link if known is not None else None
+        link = self.links.dialed(node_id)
         if not wanted or link is None or link.peer is None:
             return  # (when the dialed link comes up)
         if self.mesh.send(link.peer, Fetch(self.links.identity.node_id, wanted).encode()):
@@ -133,8 +132,7 @@ class NodeCatchup:
         self._replay(frame.node_id, frame.partitions)
 
     def _replay(self, node_id: str, parts: list[tuple[int, int]]) -> None:
-        known = self.links.nodes.get(node_id)
-        link = known.link if known is not None else None
+        link = self.links.dialed(node_id)
         if link is None or link.peer is None:
             log.warning("FETCH of node %s: not linked to it, nothing sent again", node_id)
             return

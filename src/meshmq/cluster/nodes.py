@@ -423,6 +423,12 @@ class NodeLinks:
         self.forget(frame.node_id)
         self.mesh.broadcast(frame.encode())
 
+    def dialed(self, node_id: str) -> _Link | None:
+        """This worker's dialed link to ``node_id``, if it is up (its ``peer`` set)."""
+        known = self.nodes.get(node_id)
+        link = known.link if known is not None else None
+        return link if link is not None and link.peer is not None else None
+
     def linked_nodes(self) -> dict[int, str]:
         """The nodes this worker routes to now: peer id -> node id."""
         return {peer: link.remote.hello.node_id for peer, link in self.mesh.remote.items()

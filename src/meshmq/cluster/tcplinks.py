@@ -99,8 +99,7 @@ class NodeSockets:
         node_id = self.addresses.get(address)
         if node_id is None:
             return False
-        known = self.links.nodes.get(node_id)
-        return known is not None and known.link is not None
+        return self.links.dialed(node_id) is not None
 
     def _forget(self, node_id: str) -> None:
         """``node_id`` left: its addresses are not dialed again (a dial under way ends)."""
