@@ -2,8 +2,8 @@
 session takeover, persistent sessions, wills and the commit log across workers.
 
 Each client learns which worker serves it from the ``meshmq-worker`` CONNACK user property;
-``connect_on`` (conftest.py) reconnects until the kernel's SO_REUSEPORT choice lands it on the worker a test
-needs.
+``connect_on`` (conftest.py) reconnects until the kernel's SO_REUSEPORT choice lands it on
+the worker a test needs.
 """
 
 from __future__ import annotations
