@@ -23,7 +23,8 @@ class Clock:
 def agents(store: MemoryStore, clock: Clock, workers: dict[str, int], leader: list[str],
            partitions: int = 8) -> dict[str, Agent]:
     return {node: Agent(store, Member(node, f"{node}:7884", f"{node}:7883", count), count,
-                        partitions, len(workers), lambda node=node: leader[0] == node, clock)
+                        partitions, lambda: len(workers), lambda node=node: leader[0] == node,
+                        clock)
             for node, count in workers.items()}
 
 

@@ -454,6 +454,66 @@ def test_the_metadata_agrees_on_members_a_controller_and_the_partitions(
         nodes.stop_all()
 
 
+def test_with_metadata_a_node_joins_through_one_seed_leaves_and_a_dead_one_is_forgotten(
+        tmp_path: Path) -> None:
+    """The Raft voter set follows the members. n4, whose only seed is n1, joins a running
+    3-node cluster as a fourth voter and member. ``meshmq cluster leave`` on n4 takes its
+    voter and its member record out. n3 killed with -9 and ``forget``: 2 voters remain, who
+    still agree (n4 comes back and joins again through them)."""
+    nodes = start_metadata_cluster(tmp_path)
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+
+    def cli(node: Node, *action: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "meshmq", "cluster", *action, "--admin",
+             f"http://127.0.0.1:{node.ports['admin']}", "--api-key", ADMIN_KEY],
+            capture_output=True, text=True, timeout=60)
+
+    def state(node: Node) -> dict:
+        return json.loads(cli(node, "status", "--json").stdout)
+
+    def settled(node: Node, members: list[str]) -> dict:
+        found = state(node)
+        metadata, raft = found.get("metadata") or {}, found.get("raft") or {}
+        done = (sorted(metadata.get("members", {})) == members and raft.get("leader")
+                and len(raft.get("voters") or ()) == len(members))
+        return found if done else {}
+
+    try:
+        wait_for(lambda: settled(nodes[0], ["n1", "n2", "n3"]), timeout=60,
+                 what="the first three to agree")
+        port = free_port_pairs(1)[0]
+        text = cluster_config(tmp_path, "n4", [f"127.0.0.1:{nodes[0].ports['cluster']}"],
+                              extra="metadata = true\n" + admin)
+        text = text.replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"', 1)
+        newcomer = Node("n4", tmp_path / "n4", text, workers=2)
+        nodes.members.append(newcomer)
+        newcomer.start()
+        four = ["n1", "n2", "n3", "n4"]
+        joined = wait_for(lambda: settled(nodes[1], four), timeout=60, what="n4 to join")
+        assert f"127.0.0.1:{port + 1}" in joined["raft"]["voters"]
+        assert "raft voters: " in cli(nodes[1], "status").stdout
+
+        left = cli(newcomer, "leave")
+        assert left.returncode == 0, left.stderr
+        assert newcomer.proc is not None and newcomer.proc.wait(timeout=30) == 0
+        wait_for(lambda: settled(nodes[0], ["n1", "n2", "n3"]), timeout=60,
+                 what="n4 out of the voters and members")
+
+        nodes[2].kill()
+        wait_for(lambda: "link to node lost node=n3" in nodes[0].log(), what="n3 gone")
+        forgot = cli(nodes[0], "forget", "n3")
+        assert forgot.returncode == 0, forgot.stderr
+        after = wait_for(lambda: settled(nodes[1], ["n1", "n2"]), timeout=60,
+                         what="n3 out of the voters and members")
+        assert f"127.0.0.1:{nodes[2].ports['cluster'] + 1}" not in after["raft"]["voters"]
+        newcomer.start()  # two voters of two still agree: n4 joins through them
+        wait_for(lambda: settled(nodes[0], ["n1", "n2", "n4"]), timeout=60,
+                 what="n4 to join again")
+    finally:
+        nodes.stop_all()
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_persistent_session_gets_its_own_nodes_messages_after_other_nodes_ones(
         tmp_path: Path, client_factory: Callable[..., Client], workers: int) -> None:

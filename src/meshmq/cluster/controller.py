@@ -12,13 +12,13 @@ Runs in each node's metadata voter process (cluster/metaproc.py), beside the vot
   leads, it makes sure the controller record names it, with an epoch greater than any before
   (``claim_controller``: of two claimants one wins per epoch); every write it then makes is
   fenced by that record's version, so a controller that was replaced cannot write.
-* **Partition assignment.** Once as many nodes as expected have member records (the voters:
-  this node and its seeds), or ``SETTLE`` seconds after this node became controller, each partition
-  without an assignment is given to a member, round robin over the members by node id, on
-  worker ``partition mod that node's workers``, with leader epoch 1. An assignment is never
-  moved by this loop: with one copy per partition a partition's records live on its leader's
-  disk only, so a dead node's partitions stay with it (offline, and reported) until it
-  returns; moving them is the replicated log's work.
+* **Partition assignment.** Once as many nodes as expected have member records (the voters
+  as this node's voter knows them), or ``SETTLE`` seconds after this node became
+  controller, each partition without an assignment is given to a member, round robin over
+  the members by node id, on worker ``partition mod that node's workers``, with leader
+  epoch 1. An assignment is never moved by this loop: with one copy per partition a
+  partition's records live on its leader's disk only, so a dead node's partitions stay with
+  it (offline, and reported) until it returns; moving them is the replicated log's work.
 
 Everything here goes through ``MetadataStore`` and the typed writes of cluster/metarecords.py,
 so it runs against the in-memory model in tests, with a clock and a leadership the test sets.
@@ -53,13 +53,16 @@ class Agent:
     member: Member
     workers: int
     partitions: int
-    expected: int  # nodes expected to join (the voters: this node and its seeds)
+    expected: Callable[[], int]  # nodes expected to join: the voters now
     leads: Callable[[], bool]
     clock: Callable[[], float]
+    leaving: Callable[[], bool] = lambda: False  # the node is leaving: write nothing more
     _controller_since: float | None = None
 
     async def step(self) -> None:
         """One look at the metadata, and the writes it calls for."""
+        if self.leaving():
+            return
         view = await self.store.read()
         members = members_of(view)
         mine = members.get(self.member.node_id)
@@ -79,7 +82,7 @@ class Agent:
             return
         if self._controller_since is None:
             self._controller_since = self.clock()
-        if len(members) < self.expected and self.clock() - self._controller_since < SETTLE:
+        if len(members) < self.expected() and self.clock() - self._controller_since < SETTLE:
             return
         order = sorted(members)
         for partition in range(self.partitions):

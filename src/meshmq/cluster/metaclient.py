@@ -293,6 +293,14 @@ class MetaClient:
         assert isinstance(status, dict)
         return status
 
+    async def leave(self) -> str:
+        """Take this node's voter out of the Raft voter set (raftvoters.py)."""
+        return str((await self._request("leave"))["done"])
+
+    async def remove_voter(self, address: str) -> str:
+        """Take the voter at ``address`` (a node forgotten for good) out of the voter set."""
+        return str((await self._request("remove_voter", address=address))["done"])
+
     def view_nowait(self) -> View | None:
         """The state as the watches last saw it (None before the first change arrived, or
         without a watch)."""

@@ -93,6 +93,7 @@ class MetaService:
         self.node_id = node_id
         self.socket_name = _abstract(socket_name)
         self.trust_user = trust_user
+        self.leaving = False  # asked to leave the cluster: see ``_answer``
         self.store = RaftStore(raft_address, peers, data_dir / "raft", secret, settings, bind)
         self._sessions: set[_Session] = set()
         self._group: asyncio.TaskGroup | None = None
@@ -188,6 +189,12 @@ class MetaService:
             return {"watching": True}
         if op == "status":
             return {"status": {"node_id": self.node_id, **store.status().to_json()}}
+        if op == "leave":
+            self.leaving = True  # the node's agent stops writing its member record
+            await store.remove_member(self.node_id)
+            return {"done": await store.leave()}
+        if op == "remove_voter":
+            return {"done": await store.remove_voter(_string(message, "address"))}
         raise ValueError(f"unknown op {op!r}")
 
 

@@ -85,6 +85,17 @@ from meshmq.cluster.raftdisk import (
     check_files,
     durable_journals,
 )
+from meshmq.cluster.raftvoters import (
+    CHANGE_TIMEOUT,
+    STATUS_TIMEOUT,
+    Choice,
+    VoterStatus,
+    ask,
+    choose_voters,
+    parse_status,
+    read_voters,
+    write_voters,
+)
 
 log = logging.getLogger("meshmq.metadata")
 
@@ -194,9 +205,10 @@ class _Transport(TCPTransport):
     made again at the next retry. (A link that stalls once up is ended by TCP keepalive:
     ``RaftSettings.keepalive``.)"""
 
-    def __init__(self, journal: JournalRef, syncobj: Any, self_node: Any,
+    def __init__(self, journal: JournalRef, on_voters: Any, syncobj: Any, self_node: Any,
                  other_nodes: Any) -> None:
         self._journal = journal
+        self._on_voters = on_voters
         self._dial_started: dict[Any, float] = {}
         super().__init__(syncobj, self_node, other_nodes)
 
@@ -207,6 +219,7 @@ class _Transport(TCPTransport):
     def _onTick(self) -> None:  # pysyncobj's name; called by its thread each tick
         super()._onTick()
         self._journal.sync_pending()  # a voter alone sends nothing, and commits at next tick
+        self._on_voters(self._syncObj)
         now = monotonic()
         for node, connection in list(self._connections.items()):
             if connection.state != CONNECTION_STATE.CONNECTING:
@@ -263,7 +276,11 @@ class RaftStore:
             raise MetaStartError("the metadata service needs the cluster secret: Raft messages "
                                  "are pickles, and only authenticated ones may be read", 2)
         self.address = address
-        self.peers = tuple(peer for peer in peers if peer != address)
+        self.seeds = tuple(peer for peer in peers if peer != address)
+        self.voters: tuple[str, ...] = tuple(sorted((address, *self.seeds)))  # as applied
+        self._voters_written: frozenset[str] | None = None
+        self._chosen: frozenset[str] | None = None  # the set started with, until the dump loads
+        self._join: asyncio.Task[None] | None = None
         self.directory = directory
         self.settings = settings or RaftSettings()
         self._secret = secret
@@ -291,6 +308,11 @@ class RaftStore:
         if repaired:
             log.warning("metadata start: %s", repaired)
         rejoining = (self.directory / JOURNAL).exists()
+        choice = await self._choose_voters()
+        if choice.source != "the voters this node knows" or choice.join_via is not None:
+            log.info("metadata voters from %s: %s", choice.source, ",".join(sorted(choice.voters)))
+        self._save_voters(choice.voters)
+        self._chosen = choice.voters
         conf = self._conf()
         try:
             conf.validate()
@@ -299,11 +321,14 @@ class RaftStore:
                                  "minimum election timeout must exceed 3 heartbeats, the "
                                  "maximum the minimum, the link timeout the maximum)", 2) from None
         with durable_journals() as journal:
-            self._syncobj = SyncObj(self.address, list(self.peers), conf,
+            self._syncobj = SyncObj(self.address, sorted(choice.voters - {self.address}), conf,
                                     consumers=[self._replicated],
-                                    transportClass=functools.partial(_Transport, journal))
-        if rejoining:  # a new cluster has no leader to disrupt: no grace for it
+                                    transportClass=functools.partial(
+                                        _Transport, journal, self._voters_seen))
+        if rejoining or choice.join_via is not None:  # a new cluster has no leader to disrupt
             self._delay_first_campaign()
+        if choice.join_via is not None:
+            self._join = asyncio.create_task(self._ask_to_join(choice.join_via))
         try:
             await asyncio.to_thread(self._syncobj.waitBinded)
         except SyncObjException:
@@ -311,7 +336,136 @@ class RaftStore:
             raise MetaStartError(f"cannot listen for Raft on {self._bind or self.address}: "
                                  "the port is in use or the address is not this host's") from None
         log.info("metadata voter started address=%s voters=%s", self.address,
-                 ",".join(sorted((self.address, *self.peers))))
+                 ",".join(self.voters))
+
+    async def _choose_voters(self) -> Choice:
+        """raftvoters.py: ask the voters this node knows, all at once, and choose."""
+        known = read_voters(self.directory) or frozenset(self.seeds)
+        others = sorted(known - {self.address})
+
+        async def status_of(address: str) -> VoterStatus | None:
+            try:
+                answer = await asyncio.to_thread(ask, address, ["status"], self._secret,
+                                                 STATUS_TIMEOUT)
+                return parse_status(answer)
+            except (OSError, KeyError, TypeError, AttributeError):
+                return None
+
+        answers = await asyncio.gather(*(status_of(address) for address in others))
+        return choose_voters(self.address, known,
+                             [status for status in answers if status is not None])
+
+    async def _ask_to_join(self, via: str) -> None:
+        """Ask ``via`` (then any voter) to add this voter, until this voter is in a leader's
+        set (the change is in the leader's log once the leader's beats reach it)."""
+        delay = RETRY_FIRST
+        while self._syncobj is not None:
+            status = self.status()
+            if status.leader is not None and status.leader != self.address:
+                log.info("metadata voter joined address=%s leader=%s voters=%s",
+                         self.address, status.leader, ",".join(status.voters))
+                return
+            targets = [via, *(v for v in self.voters if v not in (via, self.address))]
+            for target in targets:
+                try:
+                    answer = await asyncio.to_thread(ask, target, ["add", self.address],
+                                                     self._secret, CHANGE_TIMEOUT)
+                except OSError as error:
+                    log.debug("metadata join through %s: %s", target, error)
+                    continue
+                log.info("metadata join through %s: %s", target, answer)
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _voters_seen(self, syncobj: Any) -> None:
+        """pysyncobj's thread, each tick: keep ``voters`` and the voter file current."""
+        others = getattr(syncobj, "_SyncObj__otherNodes", None)
+        if others is None:
+            return
+        voters = frozenset({self.address, *(node.address for node in list(others))})
+        chosen = self._chosen
+        if chosen is not None and not getattr(syncobj, "_SyncObj__needLoadDumpFile", False):
+            # pysyncobj just loaded its dump, whose voter set can be older than the file's
+            # (it does not replay the changes its journal holds past the dump)
+            self._chosen = None
+            if voters != chosen:
+                log.info("metadata voters %s from the voter file, not %s from the dump",
+                         ",".join(sorted(chosen)), ",".join(sorted(voters)))
+                syncobj._SyncObj__updateClusterConfiguration(sorted(chosen - {self.address}))
+                voters = chosen
+        if voters != self._voters_written:
+            log.info("metadata voters now %s", ",".join(sorted(voters)))
+            self._save_voters(voters)
+
+    def _save_voters(self, voters: frozenset[str]) -> None:
+        try:
+            write_voters(self.directory, voters)
+        except OSError as error:
+            log.error("metadata voter file %s not written: %s", self.directory, error)
+            return
+        self._voters_written = voters
+        self.voters = tuple(sorted(voters))
+
+    # -- membership -------------------------------------------------------------------------------
+
+    async def remove_voter(self, address: str) -> str:
+        """Take ``address`` out of the voter set (a node forgotten for good), through this
+        voter (a follower passes it to the leader). Answers what happened, in words."""
+        if address == self.address:
+            raise MetadataError("a voter cannot remove itself: use leave()")
+        if address not in self.voters:
+            return f"{address} is not a voter"
+        return await self._remove(address)
+
+    async def leave(self) -> str:
+        """Take this voter out of the set: hand the leadership on if it has it, then ask
+        another voter to remove it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.request_timeout
+        while True:
+            syncobj = self._running()
+            others = [v for v in self.voters if v != self.address]
+            if not others:
+                return "this was the only voter"
+            if syncobj._isLeader():
+                syncobj.transferLeadership()
+            else:
+                for target in others:
+                    try:
+                        answer = await asyncio.to_thread(ask, target, ["remove", self.address],
+                                                         self._secret, CHANGE_TIMEOUT)
+                    except OSError:
+                        continue
+                    if str(answer).startswith("SUCCESS"):
+                        return f"removed by {target}"
+            if loop.time() >= deadline:
+                raise self._deadline_error(maybe_applied=True)
+            await asyncio.sleep(0.1)
+
+    async def _remove(self, address: str) -> str:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.request_timeout
+        while True:
+            future: asyncio.Future[tuple[int, Any, View | None]] = loop.create_future()
+            self._running().removeNodeFromCluster(address, callback=functools.partial(
+                self._answered, loop, future, False))
+            try:
+                async with asyncio.timeout_at(deadline):
+                    code, _, _ = await future
+            except TimeoutError:
+                raise self._deadline_error(maybe_applied=True) from None
+            if code == FAIL_REASON.SUCCESS:
+                return f"removed {address}"
+            if loop.time() + RETRY_MAX >= deadline:
+                raise self._deadline_error(maybe_applied=code in _UNKNOWN)
+            await asyncio.sleep(RETRY_MAX)
+
+    def _running(self) -> SyncObj:
+        syncobj = self._syncobj
+        if syncobj is None:
+            raise MetadataError("the metadata service is stopped")
+        return syncobj
 
     def _conf(self) -> SyncObjConf:
         settings = self.settings
@@ -325,6 +479,7 @@ class RaftStore:
             connectionTimeout=settings.connection_timeout,
             connectionRetryTime=settings.connection_retry,
             commandsWaitLeader=False,  # no leader: answered at once, retried here
+            dynamicMembershipChange=True,  # voters join and leave: raftvoters.py
             journalFile=str(self.directory / JOURNAL),
             fullDumpFile=str(self.directory / DUMP),
             logCompactionMinEntries=settings.compaction_entries,
@@ -351,6 +506,8 @@ class RaftStore:
 
     async def close(self) -> None:
         syncobj, self._syncobj = self._syncobj, None
+        if self._join is not None:
+            self._join.cancel()
         if syncobj is not None:
             await asyncio.to_thread(syncobj.destroy_synchronous)
 
@@ -404,7 +561,7 @@ class RaftStore:
             "follower" if leader is not None else "candidate or follower")
         return RaftStatus(self.address, state, None if leader is None else str(leader),
                           syncobj.raftCurrentTerm, syncobj.hasQuorum, syncobj.raftCommitIndex,
-                          syncobj.raftLastApplied, tuple(sorted((self.address, *self.peers))))
+                          syncobj.raftLastApplied, self.voters)
 
     # -- submitting -------------------------------------------------------------------------------
 
@@ -419,9 +576,7 @@ class RaftStore:
         delay = RETRY_FIRST
         maybe_applied = False  # an attempt whose outcome is unknown: no NotLeader then
         while True:
-            syncobj = self._syncobj
-            if syncobj is None:
-                raise MetadataError("the metadata service is stopped")
+            syncobj = self._running()
             # A leader that is not connected to a majority puts nothing in its log.
             if not (syncobj._isLeader() and not syncobj.hasQuorum):
                 future: asyncio.Future[tuple[int, Any, View | None]] = loop.create_future()

@@ -151,6 +151,11 @@ def render_status(state: dict[str, Any]) -> str:
     lines += ["", "metadata: version {} controller {}".format(
         metadata["version"],
         f"{controller['node']} (epoch {controller['epoch']})" if controller else "(none yet)")]
+    raft = state.get("raft")
+    if raft:
+        lines.append("raft voters: {} (leader {}, this node's voter: {}, term {})".format(
+            " ".join(raft["voters"] or ()), raft["leader"] or "none", raft["state"],
+            raft["term"]))
     down = {node["node_id"] for node in state["nodes"] if not node["linked"]}
     lines.append(f"{'partition':<10} {'leader':<16} {'worker':<7} {'epoch':<6} state")
     for partition, assignment in sorted(metadata["partitions"].items(),

@@ -623,8 +623,9 @@ def run_metadata(config: BrokerConfig, token: str, workers: int) -> int:
         bind=raft_address_for(f"{host}:{port}"))
     loop_clock = time.monotonic
     agent = Agent(service.store, Member(cluster.node_id, raft, cluster.advertised, workers),
-                  workers, config.log.partitions, 1 + len(cluster.seeds),
-                  lambda: service.store.status().state == "leader", loop_clock)
+                  workers, config.log.partitions, lambda: len(service.store.voters),
+                  lambda: service.store.status().state == "leader", loop_clock,
+                  lambda: service.leaving)
 
     async def serve() -> None:
         stop = asyncio.Event()

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from meshmq.cluster.metadata import MetadataError
 from meshmq.config import redact_url
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.topics import validate_topic_filter, validate_topic_name
@@ -120,6 +121,8 @@ async def get_cluster(request: web.Request) -> web.Response:
         "workers": views.workers, "nodes": sorted(nodes.values(), key=lambda n: n["node_id"]),
         "metadata": max((a.get("metadata") for a in answers if a.get("metadata")),
                         key=lambda m: m["version"], default=None),
+        "metadata_configured": any(a.get("metadata_configured") for a in answers),
+        "raft": await views.raft_status(),
         # per node and summed, as of the last $SYS interval (the node's worker 0 has them)
         "stats": next((a["stats"] for a in answers if a.get("stats")), {})})
 
@@ -139,6 +142,11 @@ async def post_forget(request: web.Request) -> web.Response:
     if any(node["node_id"] == node_id and node["linked"] for node in state["nodes"]):
         raise BadRequest(f"node {node_id!r} is linked: stop it first, or run "
                          "meshmq cluster leave on it", 409)
+    try:
+        await views.forget_in_metadata(node_id)
+    except MetadataError as error:
+        raise BadRequest(f"the metadata cannot drop {node_id!r} now (nothing changed): "
+                         f"{error}", 503) from None
     await views.ask("forget", node_id=node_id)
     return web.json_response({"forgotten": node_id})
 
@@ -150,6 +158,11 @@ async def post_leave(request: web.Request) -> web.Response:
     state = (await views.ask("cluster")).get(views.index)
     if state is None:
         raise BadRequest("not a cluster node (no [cluster] section)")
+    try:
+        await views.leave_metadata()
+    except MetadataError as error:
+        raise BadRequest(f"the metadata cannot take this node out now (it keeps running): "
+                         f"{error}", 503) from None
     await views.ask("forget", node_id=state["node_id"])
     loop = asyncio.get_running_loop()
     # (the answer goes out first; the FORGET frames are queued ahead of the links' close)

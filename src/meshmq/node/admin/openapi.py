@@ -67,14 +67,16 @@ SPEC: dict[str, Any] = {
         "/api/v1/cluster": {"get": _op("The cluster as this node sees it: the other nodes, how"
                                        " many of this node's workers are linked to each, and"
                                        " whether any suspects it; each node's figures and"
-                                       " the sums (stats)")},
+                                       " the sums (stats); with the metadata on, its members,"
+                                       " controller and partitions (metadata) and this node's"
+                                       " Raft voter (raft: state, leader, term, voters)")},
         "/api/v1/cluster/forget/{node_id}": {"post": _op(
             "Drop a node that is gone for good: every node stops dialing it (it is a member"
             " again if it links again)",
-            [_param("node_id", "path", "the node's id")], 400, 404, 409)},
+            [_param("node_id", "path", "the node's id")], 400, 404, 409, 503)},
         "/api/v1/cluster/leave": {"post": _op(
             "This node leaves the cluster: the others drop it, then it stops (exit 0)", [],
-            400)},
+            400, 503)},
         "/api/v1/clients": {"get": _op(
             "Connected clients of every worker", [
                 _param("client_id", "query", "substring of the client id"),

@@ -19,7 +19,7 @@ from meshmq import __version__
 from meshmq.broker import queries
 from meshmq.broker.message import Message
 from meshmq.cluster.admin import QueryFailed
-from meshmq.cluster.metadata import members_of
+from meshmq.cluster.metadata import MetadataError, members_of
 from meshmq.cluster.metarecords import assignment_of, controller_of
 from meshmq.cluster.nodestats import ClusterStatistics
 from meshmq.node.admin.collect import own_log, worker_samples
@@ -93,6 +93,25 @@ class WorkerViews:
         this node's own id: it is leaving, and the others drop it)."""
         links = self.cluster.nodes if self.cluster is not None else None
         return None if links is None else links.forget(node_id, spread=True)
+
+    async def leave_metadata(self) -> str | None:
+        """This node leaves the metadata: its member record and its Raft voter (None: no
+        metadata here). Raises ``MetadataError`` when that cannot be agreed now."""
+        client = self.cluster.metadata if self.cluster is not None else None
+        return None if client is None else await client.leave()
+
+    async def forget_in_metadata(self, node_id: str) -> str | None:
+        """Drop a node gone for good from the metadata: its Raft voter, then its member
+        record (None: no metadata here). Raises ``MetadataError`` as above."""
+        client = self.cluster.metadata if self.cluster is not None else None
+        if client is None:
+            return None
+        member = members_of(await client.read()).get(node_id)
+        if member is None:
+            return f"{node_id} has no member record"
+        done = await client.remove_voter(member.raft)
+        await client.remove_member(node_id)
+        return done
 
     def metadata_view(self) -> dict[str, Any] | None:
         """The metadata as this worker's client mirrors it (None: no metadata voter, or not
@@ -186,6 +205,24 @@ class NodeViews:
             answers.update({i: a for i, a in asked.items() if not isinstance(a, QueryFailed)})
         answers[self.index] = self.local.answer(query, args)
         return dict(sorted(answers.items()))
+
+    async def leave_metadata(self) -> str | None:
+        return await self.local.leave_metadata()
+
+    async def raft_status(self) -> dict[str, Any] | None:
+        """This node's Raft voter as it answers: its state, leader, term and the voters
+        (None: no metadata here, or the voter does not answer now)."""
+        client = self.cluster.metadata if self.cluster is not None else None
+        if client is None:
+            return None
+        try:
+            status = await client.status()
+        except MetadataError:
+            return None
+        return {name: status.get(name) for name in ("state", "leader", "term", "voters")}
+
+    async def forget_in_metadata(self, node_id: str) -> str | None:
+        return await self.local.forget_in_metadata(node_id)
 
     async def merged(self, query: str, **args: Any) -> list[Any]:
         """The answers of every worker to a list query, concatenated."""
