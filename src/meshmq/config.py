@@ -453,9 +453,9 @@ def _cluster_keys() -> dict[str, _Key]:
             " address"),
         "cluster.metadata": _Key(
             bool, None, "run this node's metadata voter (Raft, on the cluster port + 1) and"
-            " lead the log's partitions across nodes by its assignment: the voters are this"
-            " node and its seeds, which must then name every other node; needs"
-            " cluster.secret_file"),
+            " lead the log's partitions across nodes by its assignment (a new node joins the"
+            " voters through a live seed; nodes started together name each other in seeds);"
+            " needs cluster.secret_file"),
     }
 
 
@@ -488,9 +488,6 @@ def _check_cluster(config: BrokerConfig) -> None:
     if not cluster.secret_file and not _is_loopback_host(host):
         raise ConfigError(f"cluster.secret_file: required when cluster.listen ({cluster.listen})"
                           " is not a loopback address: peers must prove they belong")
-    if cluster.metadata and not cluster.secret_file:
-        raise ConfigError("cluster.secret_file: required when cluster.metadata is true (the"
-                          " Raft messages are authenticated with it)")
     advertised = cluster.advertised
     if cluster.seeds and advertised in cluster.seeds and len(cluster.seeds) == 1 and port:
         raise ConfigError("cluster.seeds: lists only this node's own address; name another"

@@ -153,6 +153,7 @@ CASES: list[tuple[object, bytes, bool]] = [
      u("I", 2) + text_bytes("g") + text_bytes("t/#") + text_bytes("h") + text_bytes("+/é")
      + MESSAGE_BODY, False),
     (Forward([], PLAIN_BODY), u("I", 0) + PLAIN_BODY, False),  # the hot case: no groups
+    (Forward([], PLAIN_BODY, True), u("I", 1 << 31) + PLAIN_BODY, False),  # flag kept
     (Append([(7, "client-é", b"\x01" * 16, False, MESSAGE_BODY),
              (8, "", bytes(range(16)), True, PLAIN_BODY)]),
      u("IQ", 2, 7) + b"\x01" * 16 + u("B", 0) + text_bytes("client-é")

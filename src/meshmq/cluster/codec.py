@@ -107,7 +107,7 @@ def forward_frame(groups: list[GroupKey], body: bytes, relayed: bool = False) ->
     """FORWARD: the groups (name, filter) the receiver serves, then the message body (encoded
     once for every peer, broker/wire.py). ``relayed``: a shared group's message passed on by
     a router whose group had no member left (the top bit of the group count)."""
-    if not groups:
+    if not groups and not relayed:
         return _HEADER.pack(len(body) + 5, FrameType.FORWARD) + b"\x00\x00\x00\x00" + body
     writer = Writer().u32(len(groups) | (RELAYED if relayed else 0))
     for name, topic_filter in groups:

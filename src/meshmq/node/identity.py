@@ -104,3 +104,55 @@ def read_secret(config: BrokerConfig) -> bytes:
     if not secret:
         raise StartupError(f"cluster.secret_file: {path} is empty", BAD_CONFIGURATION)
     return secret
+
+
+def raft_secret(config: BrokerConfig) -> bytes:
+    """The secret the metadata's Raft messages are authenticated with: the cluster secret,
+    or, for a node on a loopback address without one, this user's host-local secret
+    (``host_secret``): pysyncobj's messages are pickles, which no one else may send."""
+    return read_secret(config) or host_secret()
+
+
+HOST_SECRET_DIR = "meshmq-{uid}"  # under the temporary directory: /tmp/meshmq-0
+
+
+def host_secret(root: str | None = None) -> bytes:
+    """A secret every node this user runs on this host shares, and no other user can read:
+    ``/tmp/meshmq-<uid>/loopback.secret`` (the directory mode 0700 and owned by this user,
+    the file 0600), drawn by the first node that needs it. ``StartupError`` naming the
+    directory when another user owns it or it is open to others."""
+    import secrets
+    import tempfile
+
+    directory = Path(root or tempfile.gettempdir()) / HOST_SECRET_DIR.format(uid=os.getuid())
+    path = directory / "loopback.secret"
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        info = directory.lstat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077 or not directory.is_dir():
+            raise StartupError(
+                f"{directory}: must be a directory of this user that no one else may open "
+                "(it holds the metadata's secret for nodes on a loopback address without "
+                "cluster.secret_file); remove it, or set cluster.secret_file",
+                BAD_CONFIGURATION)
+        if not path.exists():
+            drawn = directory / f".loopback.{os.getpid()}.{secrets.token_hex(4)}"
+            with open(drawn, "x") as out:
+                os.fchmod(out.fileno(), 0o600)
+                out.write(secrets.token_hex(32))
+                out.flush()
+                os.fsync(out.fileno())
+            try:
+                os.link(drawn, path)  # atomic: the first node's secret wins
+            except FileExistsError:
+                pass
+            finally:
+                drawn.unlink()
+        secret = path.read_bytes().strip()
+    except OSError as exc:
+        raise StartupError(f"{path}: {exc.strerror or exc} (the metadata's secret for nodes "
+                           "on a loopback address without cluster.secret_file)",
+                           BAD_CONFIGURATION) from None
+    if not secret:
+        raise StartupError(f"{path} is empty: remove it", BAD_CONFIGURATION)
+    return secret

@@ -64,7 +64,7 @@ from meshmq.config import BrokerConfig, split_listen
 from meshmq.log.commit_log import lock_node_log
 from meshmq.log.errors import LogError
 from meshmq.logsetup import set_worker
-from meshmq.node.identity import prepare_identity, read_secret
+from meshmq.node.identity import prepare_identity, raft_secret, read_secret
 from meshmq.node.reload import ConfigReloader, ConfigSource
 from meshmq.node.server import run_worker
 from meshmq.node.startup import (
@@ -264,6 +264,8 @@ def check_files(config: BrokerConfig) -> None:
         build_server_context(config.tls)
     parse_fsync_rules(config.log.fsync_rules)  # every worker opens log partitions
     read_secret(config)
+    if config.cluster.enabled and config.cluster.metadata:
+        raft_secret(config)
 
 
 def lock_log(config: BrokerConfig) -> int | None:
@@ -612,14 +614,13 @@ def run_metadata(config: BrokerConfig, token: str, workers: int) -> int:
     from meshmq.cluster.metadata import Member
     from meshmq.cluster.metaproc import MetaService, raft_address_for, socket_name_for
     from meshmq.cluster.raftstore import MetaStartError
-    from meshmq.node.identity import read_secret
 
     cluster = config.cluster
     host, port = split_listen(cluster.listen)
     raft = raft_address_for(cluster.advertised)
     service = MetaService(
         cluster.node_id, raft, [raft_address_for(seed) for seed in cluster.seeds],
-        Path(config.server.data_dir), socket_name_for(token), read_secret(config),
+        Path(config.server.data_dir), socket_name_for(token), raft_secret(config),
         bind=raft_address_for(f"{host}:{port}"))
     loop_clock = time.monotonic
     agent = Agent(service.store, Member(cluster.node_id, raft, cluster.advertised, workers),
