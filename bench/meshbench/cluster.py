@@ -5,9 +5,10 @@ Each node is a ``meshmq serve`` of its own (a supervisor and its workers, and wi
 its own data directory, an ephemeral MQTT port, an admin listener (``GET /api/v1/cluster`` says
 when the links are up) and a ``[cluster]`` section:
 
-* without the metadata (``metadata=False``): ``listen = "127.0.0.1:0"``; the first node starts
-  the cluster and the others name it as their seed (as ``meshmq cluster dev`` does). Loopback
-  only, so no secret is needed.
+* without the metadata (``metadata=False``, written as ``metadata = false``: it is on by
+  default): ``listen = "127.0.0.1:0"``; the first node starts the cluster and the others
+  name it as their seed (as ``meshmq cluster dev --no-metadata`` does). Loopback only, so
+  no secret is needed.
 * with it: every node's cluster port is fixed (its Raft port is the cluster port + 1, which
   port 0 would not reserve), every node names the others as seeds (the voters), and they share
   a secret file (the Raft messages are authenticated with it).
@@ -181,8 +182,7 @@ def cluster_section(name: str, listen: str, seeds: list[str], secret_file: Path 
     text = f'[cluster]\nnode_id = "{name}"\nlisten = "{listen}"\nseeds = [{listed}]\n'
     if secret_file is not None:
         text += f'secret_file = "{secret_file}"\n'
-    if metadata:
-        text += "metadata = true\n"
+    text += f"metadata = {'true' if metadata else 'false'}\n"  # (on by default)
     return text + "\n"
 
 

@@ -205,7 +205,7 @@ class ClusterConfig:
     advertise: str = ""
     seeds: tuple[str, ...] = ()
     secret_file: str = ""
-    metadata: bool = False
+    metadata: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -455,7 +455,9 @@ def _cluster_keys() -> dict[str, _Key]:
             bool, None, "run this node's metadata voter (Raft, on the cluster port + 1) and"
             " lead the log's partitions across nodes by its assignment (a new node joins the"
             " voters through a live seed; nodes started together name each other in seeds);"
-            " needs cluster.secret_file"),
+            " its messages are authenticated with cluster.secret_file, or on a loopback"
+            " address without one with a secret of this user on this host; false: each node"
+            " keeps its own log of every partition"),
     }
 
 

@@ -9,7 +9,8 @@ import asyncio
 from meshmq.cluster.controller import SETTLE, Agent
 from meshmq.cluster.memstore import MemoryStore
 from meshmq.cluster.metadata import Member, members_of
-from meshmq.cluster.metarecords import assignment_of, controller_of
+from meshmq.cluster.metarecords import assignment_of, cluster_id_of, controller_of
+from meshmq.cluster.nodelink import new_cluster_id
 
 
 class Clock:
@@ -101,3 +102,25 @@ def test_no_quorum_is_waited_out() -> None:
     clock.time += 6
     steps(nodes["n1"])
     assert controller_of(asyncio.run(store.read())) is not None
+
+
+def test_the_first_controller_writes_the_cluster_id_once() -> None:
+    """Nodes that all start with seeds have no cluster id: the controller writes its node's
+    (or a new one) into the metadata, and a later controller keeps it."""
+    clock = Clock()
+    store = MemoryStore(clock)
+    leader = ["n1"]
+    nodes = agents(store, clock, {"n1": 1, "n2": 1}, leader)
+    steps(*nodes.values())
+    first = cluster_id_of(asyncio.run(store.read()))
+    assert first is not None and len(first) == len(new_cluster_id())
+    leader[0] = "n2"
+    nodes["n2"].own_cluster_id = lambda: "another-id"
+    steps(*nodes.values())
+    assert cluster_id_of(asyncio.run(store.read())) == first
+
+    known = MemoryStore(clock)
+    named = agents(known, clock, {"n1": 1}, ["n1"])
+    named["n1"].own_cluster_id = lambda: "drawn-by-n1"
+    steps(*named.values())
+    assert cluster_id_of(asyncio.run(known.read())) == "drawn-by-n1"

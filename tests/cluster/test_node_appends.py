@@ -146,9 +146,9 @@ def test_a_publish_for_a_node_that_never_leads_it_is_refused_at_its_deadline(
     assert "does not lead it" in outcomes[0].why  # not stored: a refusal is the truth
 
 
-def test_an_offline_or_unassigned_partition_is_refused_at_once(tmp_path: Path) -> None:
+def test_an_offline_partition_is_refused_at_once(tmp_path: Path) -> None:
     net = ClusterNet({"a": 1, "b": 1}, log_dir=tmp_path)
-    placements = joined(net, {"a": ("b", 1), "b": ("b", 1)})
+    joined(net, {"a": ("b", 1), "b": ("b", 1)})
     a = net.of("a")
     link = next(link for link in a.mesh.remote.values() if link.remote.side.value == "dialed")
     net.cut_ends(a.index, link.ident)
@@ -158,10 +158,34 @@ def test_an_offline_or_unassigned_partition_is_refused_at_once(tmp_path: Path) -
     assert isinstance(outcomes[0], Refused) and outcomes[0].reason_code == (
         ReasonCode.UNSPECIFIED_ERROR)
     assert "offline" in outcomes[0].why and "node b" in outcomes[0].why
-    placements[a.index].leaders[a.leadership.partition_for(TOPIC)] = None
-    a.append(TOPIC, b"unassigned", outcomes)
+
+
+def test_a_publish_for_an_unassigned_partition_waits_for_its_leader(tmp_path: Path) -> None:
+    """A cluster starting: the partition has no leader yet. The publish waits, is stored by
+    the leader once the metadata names one; without one by its deadline, it is refused."""
+    net = ClusterNet({"a": 1, "b": 1}, log_dir=tmp_path)
+    placements = joined(net, {"a": None, "b": ("b", 1)})
+    a, b = net.of("a"), net.of("b")
+    partition = a.leadership.partition_for(TOPIC)
+    outcomes: list[AppendOutcome] = []
+    a.append(TOPIC, b"early", outcomes)
     settle(net)
-    assert isinstance(outcomes[1], Refused) and "no leader yet" in outcomes[1].why
+    net.advance(APPEND_TIMEOUT / 2)
+    assert outcomes == []  # waiting, not refused
+    placements[a.index].leaders[partition] = ("b", 1)  # the mirror catches up
+    net.advance(RETRY_AFTER)
+    settle(net)
+    assert len(outcomes) == 1 and isinstance(outcomes[0], StoredElsewhere), outcomes
+    stored = [r for records in b.log.local.partitions.values() for r in records]
+    assert [r.message.payload for r in stored] == [b"early"]
+
+    placements[a.index].leaders[partition] = None
+    a.append(TOPIC, b"never", outcomes)
+    settle(net)
+    net.advance(APPEND_TIMEOUT + RETRY_AFTER)
+    settle(net)
+    assert isinstance(outcomes[1], Refused) and "has no leader" in outcomes[1].why
+    assert len([r for records in b.log.local.partitions.values() for r in records]) == 1
 
 
 def test_an_append_whose_link_drops_is_held_and_sent_again_when_the_leader_is_back(

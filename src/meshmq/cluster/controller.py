@@ -12,6 +12,9 @@ Runs in each node's metadata voter process (cluster/metaproc.py), beside the vot
   leads, it makes sure the controller record names it, with an epoch greater than any before
   (``claim_controller``: of two claimants one wins per epoch); every write it then makes is
   fenced by that record's version, so a controller that was replaced cannot write.
+* **The cluster's id.** Nodes that all start with seeds have no cluster id (only a node
+  without seeds draws one), so the first controller writes one into the metadata (its
+  node's, if it knows one, else a new one), once; every worker adopts it from its mirror.
 * **Partition assignment.** Once as many nodes as expected have member records (the voters
   as this node's voter knows them), or ``SETTLE`` seconds after this node became
   controller, each partition without an assignment is given to a member, round robin over
@@ -36,8 +39,11 @@ from meshmq.cluster.metarecords import (
     assign_partition,
     assignment_of,
     claim_controller,
+    cluster_id_of,
     controller_of,
+    settle_cluster_id,
 )
+from meshmq.cluster.nodelink import new_cluster_id
 
 log = logging.getLogger("meshmq.controller")
 
@@ -57,6 +63,7 @@ class Agent:
     leads: Callable[[], bool]
     clock: Callable[[], float]
     leaving: Callable[[], bool] = lambda: False  # the node is leaving: write nothing more
+    own_cluster_id: Callable[[], str] = lambda: ""  # the id this node knows ("": none yet)
     _controller_since: float | None = None
 
     async def step(self) -> None:
@@ -82,6 +89,11 @@ class Agent:
             return
         if self._controller_since is None:
             self._controller_since = self.clock()
+        if cluster_id_of(view) is None:  # nodes that all start with seeds have none yet
+            settled = await settle_cluster_id(self.store, view,
+                                              self.own_cluster_id() or new_cluster_id())
+            log.info("cluster id in the metadata cluster_id=%s", settled or "(lost: again)")
+            return
         if len(members) < self.expected() and self.clock() - self._controller_since < SETTLE:
             return
         order = sorted(members)

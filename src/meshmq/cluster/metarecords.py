@@ -3,6 +3,7 @@
 Keys (values are JSON)::
 
     members/<node id>     {"raft": "host:port", "cluster": "host:port"}      (metadata.py)
+    cluster_id            "c0ffee..."  (set once, by the first controller, never changed)
     controller            {"node": "n1", "epoch": 7}
     partitions/<n>        {"leader": "n2", "worker": 1, "leader_epoch": 4,
                            "replicas": ["n2", "n3", "n1"], "isr": ["n2", "n3"]}
@@ -28,6 +29,7 @@ from typing import Generic, TypeVar
 from meshmq.cluster.metadata import CasResult, Json, MetadataError, MetadataStore, View
 
 CONTROLLER = "controller"
+CLUSTER_ID = "cluster_id"
 PARTITIONS = "partitions/"
 EPOCHS = "epochs/"
 
@@ -99,6 +101,26 @@ def controller_of(view: View) -> Controller | None:
     if not isinstance(value, dict):
         raise RecordError(f"{CONTROLLER}: expected {{node, epoch}}, got {value!r}")
     return Controller(_text(value, "node", CONTROLLER), _integer(value, "epoch", CONTROLLER))
+
+
+def cluster_id_of(view: View) -> str | None:
+    value = view.value(CLUSTER_ID)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise RecordError(f"{CLUSTER_ID}: expected the cluster's id, got {value!r}")
+    return value
+
+
+async def settle_cluster_id(store: MetadataStore, view: View, proposed: str) -> str:
+    """The cluster's id: the one the metadata holds, else ``proposed`` (the controller's
+    node's id, or a new one), written once (of two writers one wins; the loser reads the
+    winner's on its next look)."""
+    held = cluster_id_of(view)
+    if held is not None:
+        return held
+    written = await store.cas(CLUSTER_ID, 0, proposed)
+    return proposed if written.ok else ""
 
 
 def assignment_of(view: View, partition: int) -> Assignment | None:

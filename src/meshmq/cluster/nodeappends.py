@@ -29,8 +29,11 @@ Inside the leader node the partition is led by worker ``p mod N`` as on a single
   leaving) is offline: its publishes are refused at once with reason code 0x80 and a reason
   string naming the partition and node ("unspecified error": MQTT 5.0 has no code for it;
   3.1.1 publishers are disconnected), and ``meshmq cluster status`` lists it offline. Other
-  partitions go on. Before the metadata is reached and a partition assigned, its publishes
-  are refused the same way ("no leader yet").
+  partitions go on.
+* **No leader yet.** Before the metadata is reached and a partition assigned (a cluster
+  starting), a publish waits: the worker looks at its mirror again every ``RETRY_AFTER``
+  and sends it once a leader is named, or refuses it (0x80, "has no leader") at the
+  append's deadline.
 * **Held, then unknown.** An append sent whose link then dropped (the leader node died or
   was cut off) may be stored there: it is neither refused nor answered, but *held* until the
   node links again, then sent again marked as a resend (the leader node's worker that stored
@@ -199,12 +202,21 @@ class NodeAppends:
         pending = _Pending(partition, "", 0, -1, message, client_id, message_id, resend, done,
                            self.mesh.io.now() + APPEND_TIMEOUT)
         if placed is None:
-            self._refuse(pending, f"partition {partition} has no leader yet (the cluster's "
-                                  "metadata has not assigned it, or is not reached)")
+            self._wait_for_leader(pending)
             return True
         pending.node, pending.epoch = placed
         self._send(pending)
         return True
+
+    def _wait_for_leader(self, pending: _Pending) -> None:
+        """No leader known for the partition (a cluster starting: the metadata not reached
+        yet, or the partition not assigned yet): ask again shortly, until the deadline."""
+        if self.mesh.io.now() >= pending.deadline:
+            self._refuse(pending, f"partition {pending.partition} has no leader (the cluster's "
+                                  "metadata did not assign it, or was not reached, within "
+                                  f"{APPEND_TIMEOUT:.0f} s)")
+            return
+        self._retry_later(pending)
 
     def _send(self, pending: _Pending) -> None:
         link = self.links.dialed(pending.node)
@@ -285,6 +297,9 @@ class NodeAppends:
                                   f"not lead it at epoch {pending.epoch} (it knows "
                                   f"{hint_node or 'no leader'}, epoch {hint_epoch})")
             return
+        self._retry_later(pending)
+
+    def _retry_later(self, pending: _Pending) -> None:
         self._retry.append(pending)
         if self._retry_timer is None:
             self._retry_timer = self.mesh.call_at(self.mesh.io.now() + RETRY_AFTER,
@@ -300,6 +315,8 @@ class NodeAppends:
         """Send ``pending`` again, to the leader the mirror names now if it is as new as the
         one tried."""
         placed = self.placements.of(pending.partition)
+        if placed is None and not pending.node:
+            return self._wait_for_leader(pending)
         if placed is not None and placed[1] >= pending.epoch:
             pending.node, pending.epoch = placed
         self._go(pending)

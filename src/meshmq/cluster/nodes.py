@@ -291,18 +291,24 @@ class NodeLinks:
             raise LinkError(f"node {state.hello.node_id!r} does not know the cluster secret")
         self._ready(link, state, state.hello)
 
+    def learn_cluster_id(self, cluster_id: str, source: str) -> None:
+        """This node's cluster id, learned from a node's hello or from the metadata (nodes
+        that all start with seeds have none until their controller draws one); kept."""
+        if self.identity.cluster_id:
+            return
+        self.identity.cluster_id = cluster_id
+        log.info("joined cluster cluster_id=%s through %s", cluster_id, source)
+        if self.on_cluster_id is not None:
+            self.on_cluster_id(cluster_id)
+
     def _ready(self, link: _Link, state: RemoteState, hello: LinkHello) -> None:
         mesh = self.mesh
         state.ready = True
         link.ready = True
         link.reader.max_frame = MAX_FRAME
         mesh.handshake_done(link)
-        if state.cluster_id and not self.identity.cluster_id:
-            self.identity.cluster_id = state.cluster_id
-            log.info("joined cluster cluster_id=%s through node=%s", state.cluster_id,
-                     hello.node_id)
-            if self.on_cluster_id is not None:
-                self.on_cluster_id(state.cluster_id)
+        if state.cluster_id:
+            self.learn_cluster_id(state.cluster_id, f"node={hello.node_id}")
         if hello.node_id in self.forgotten:
             self.forgotten.discard(hello.node_id)  # it linked again itself: a member again
             log.info("forgotten node back node=%s", hello.node_id)

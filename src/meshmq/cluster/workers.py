@@ -30,8 +30,9 @@ from meshmq.cluster.directory import Directory
 from meshmq.cluster.leaders import Leadership
 from meshmq.cluster.mesh import Mesh
 from meshmq.cluster.metaclient import MetaClient
-from meshmq.cluster.metadata import MetadataError
+from meshmq.cluster.metadata import Change, MetadataError
 from meshmq.cluster.metaproc import socket_name_for
+from meshmq.cluster.metarecords import cluster_id_of
 from meshmq.cluster.nodeappends import NodeAppends, Placements
 from meshmq.cluster.nodecatchup import NodeCatchup
 from meshmq.cluster.nodelink import NodeIdentity
@@ -182,11 +183,21 @@ class WorkerCluster:
         except MetadataError as error:
             log.warning("metadata voter not reachable yet: %s", error)
             return
-        placements = self.placements
-        if placements is None:
-            client.watch(lambda change: None)  # keeps the client's mirror of the metadata
-        else:  # each change: the partitions' leaders
-            client.watch(lambda change: placements.update(client.view_nowait()))
+        placements, nodes = self.placements, self.nodes
+
+        def changed(change: Change) -> None:
+            view = client.view_nowait()
+            if placements is not None:  # the partitions' leaders
+                placements.update(view)
+            try:
+                cluster_id = cluster_id_of(view) if view is not None else None
+            except MetadataError as error:
+                log.error("metadata: %s", error)
+                cluster_id = None
+            if nodes is not None and cluster_id:
+                nodes.learn_cluster_id(cluster_id, "the metadata")
+
+        client.watch(changed)  # (it keeps the client's mirror of the metadata)
 
     def started(self) -> None:
         """The broker restored its state: register its sessions with their owners and hand

@@ -34,9 +34,13 @@ def add_cluster_command(commands: Any) -> None:
     dev.add_argument("--admin-port", type=int, default=18083, metavar="N",
                      help="admin listener of the first node, the others on the next ones, "
                      "API key 'dev' (default 18083; 0: none)")
-    dev.add_argument("--metadata", action="store_true",
-                     help="run the metadata voters (Raft): the log's partitions are led "
-                     "across the nodes; the cluster ports then go up by two")
+    dev.add_argument("--no-metadata", dest="metadata", action="store_false",
+                     help="run no metadata voters (cluster.metadata = false): each node "
+                     "keeps its own log of every partition, and the cluster ports go up by "
+                     "one (by default the voters run on the cluster port + 1, so they go up "
+                     "by two, and the log's partitions are led across the nodes)")
+    dev.add_argument("--metadata", dest="metadata", action="store_true",
+                     help=argparse.SUPPRESS)  # the default now; kept for old scripts
     dev.set_defaults(run=_dev)
     status = actions.add_parser(
         "status", help="a node's view of the cluster: members, links, suspected nodes",

@@ -2,12 +2,13 @@
 
 Each node is a ``meshmq serve`` process of its own with its own data directory
 (``DIR/n1``, ``DIR/n2``...), MQTT port (``--port``, then the next ones) and cluster port
-(``--cluster-port``, then the next ones), all on loopback (so no secret is needed: only this
-host can reach them). The first node starts the cluster; the others name it as their seed.
-With ``--metadata`` each node also runs a metadata voter (``cluster.metadata``: Raft on its
-cluster port + 1, so the cluster ports go up by two), every node names all the others as
-seeds (the voters), and a secret is drawn into ``DIR/cluster.secret`` (pysyncobj's messages
-must be authenticated even on loopback): the partitions are then led across the nodes.
+(``--cluster-port``, then the next ones), all on loopback. Each node runs a metadata voter
+(``cluster.metadata``: Raft on its cluster port + 1, so the cluster ports go up by two),
+every node names all the others as seeds (they start together with the same voters), and a
+secret is drawn into ``DIR/cluster.secret``: the partitions are led across the nodes. With
+``--no-metadata`` there are no voters and no secret (only this host can reach the nodes):
+each node keeps its own log of every partition, the first node starts the cluster and the
+others name it as their seed.
 Ctrl-C (or SIGTERM) stops them all; if one of them exits, the others are stopped too and the
 command exits with status 1. A node's log goes to ``DIR/nN/node.log``.
 """
@@ -44,7 +45,7 @@ def node_config(node: DevNode, seeds: list[int], secret_file: Path | None = None
     listed = ", ".join(f'"127.0.0.1:{seed}"' for seed in seeds)
     admin = "" if node.admin_port is None else (
         f'\n[admin]\nlisten = "127.0.0.1:{node.admin_port}"\napi_key = "{DEV_API_KEY}"\n')
-    metadata = "" if secret_file is None else (
+    metadata = "metadata = false\n" if secret_file is None else (
         f'metadata = true\nsecret_file = "{secret_file}"\n')
     return (f'[cluster]\nnode_id = "{node.name}"\nlisten = "127.0.0.1:{node.cluster_port}"\n'
             f"seeds = [{listed}]\n{metadata}{admin}")
@@ -63,7 +64,7 @@ def dev_secret(directory: Path) -> Path:
 
 
 def run_dev_cluster(count: int, directory: Path, port: int, cluster_port: int,
-                    workers: int, admin_port: int = 0, metadata: bool = False) -> int:
+                    workers: int, admin_port: int = 0, metadata: bool = True) -> int:
     """Start ``count`` nodes, wait for Ctrl-C or for one to exit; the exit status.
     ``admin_port``: the first node's admin listener, the others on the next ones (0: none);
     ``metadata``: run the metadata voters (see the module docstring)."""

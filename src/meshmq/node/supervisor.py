@@ -64,7 +64,7 @@ from meshmq.config import BrokerConfig, split_listen
 from meshmq.log.commit_log import lock_node_log
 from meshmq.log.errors import LogError
 from meshmq.logsetup import set_worker
-from meshmq.node.identity import prepare_identity, raft_secret, read_secret
+from meshmq.node.identity import prepare_identity, raft_secret, read_identity, read_secret
 from meshmq.node.reload import ConfigReloader, ConfigSource
 from meshmq.node.server import run_worker
 from meshmq.node.startup import (
@@ -626,7 +626,9 @@ def run_metadata(config: BrokerConfig, token: str, workers: int) -> int:
     agent = Agent(service.store, Member(cluster.node_id, raft, cluster.advertised, workers),
                   workers, config.log.partitions, lambda: len(service.store.voters),
                   lambda: service.store.status().state == "leader", loop_clock,
-                  lambda: service.leaving)
+                  lambda: service.leaving,
+                  lambda: str((read_identity(config.server.data_dir) or {}).get("cluster_id")
+                              or ""))
 
     async def serve() -> None:
         stop = asyncio.Event()
