@@ -334,7 +334,9 @@ class RaftStore:
         except SyncObjException:
             self._syncobj.destroy()
             raise MetaStartError(f"cannot listen for Raft on {self._bind or self.address}: "
-                                 "the port is in use or the address is not this host's") from None
+                                 "the port is in use or the address is not this host's (a "
+                                 "node's metadata voter listens on its cluster port + 1)"
+                                 ) from None
         log.info("metadata voter started address=%s voters=%s", self.address,
                  ",".join(self.voters))
 
