@@ -9,7 +9,12 @@ import asyncio
 from meshmq.cluster.controller import SETTLE, Agent
 from meshmq.cluster.memstore import MemoryStore
 from meshmq.cluster.metadata import Member, members_of
-from meshmq.cluster.metarecords import assignment_of, cluster_id_of, controller_of
+from meshmq.cluster.metarecords import (
+    assignment_of,
+    cluster_id_of,
+    controller_of,
+    mark_written,
+)
 from meshmq.cluster.nodelink import new_cluster_id
 
 
@@ -124,3 +129,30 @@ def test_the_first_controller_writes_the_cluster_id_once() -> None:
     named["n1"].own_cluster_id = lambda: "drawn-by-n1"
     steps(*named.values())
     assert cluster_id_of(asyncio.run(known.read())) == "drawn-by-n1"
+
+
+def test_nodes_that_join_take_the_partitions_nothing_was_written_to() -> None:
+    """n1 alone takes every partition; n2 and n3 join. The partitions n1 never wrote move to
+    them (with the next leader epoch) until the counts differ by at most one; the two n1
+    marked written stay on n1, whatever the balance."""
+    clock = Clock()
+    store = MemoryStore(clock)
+    leader = ["n1"]
+    alone = agents(store, clock, {"n1": 1}, leader)
+    steps(alone["n1"])
+    view = asyncio.run(store.read())
+    assert all(assignment_of(view, p).leader == "n1" for p in range(8))  # type: ignore[union-attr]
+    for partition in (0, 1):
+        assert asyncio.run(mark_written(store, asyncio.run(store.read()), partition, "n1", 1))
+    nodes = agents(store, clock, {"n1": 1, "n2": 2, "n3": 1}, leader)
+    steps(*nodes.values(), rounds=12)
+    view = asyncio.run(store.read())
+    placed = {p: assignment_of(view, p) for p in range(8)}
+    counts = {n: sum(a.leader == n for a in placed.values() if a) for n in ("n1", "n2", "n3")}
+    assert sorted(counts.values()) == [2, 3, 3], counts
+    assert placed[0].leader == placed[1].leader == "n1"  # type: ignore[union-attr]
+    for a in placed.values():
+        assert a is not None
+        assert a.leader_epoch == (1 if a.leader == "n1" else 2)
+        if a.leader == "n2":
+            assert a.worker in (0, 1)

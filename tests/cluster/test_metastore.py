@@ -33,6 +33,7 @@ from meshmq.cluster.metarecords import (
     controller_of,
     elect_leader,
     epoch_of,
+    mark_written,
 )
 from meshmq.cluster.metastate import REMEMBERED, Command, MetaState, Op
 
@@ -206,7 +207,7 @@ def test_partition_writes_are_fenced_by_the_controller_record() -> None:
         placed = await assign_partition(store, view, controller, 3, ["n2", "n3", "n1"], 1)
         assert placed.result.ok
         assert assignment_of(await store.read(), 3) == Assignment(
-            "n2", 1, 1, ("n2", "n3", "n1"), ("n2", "n3", "n1"))
+            "n2", 1, 1, ("n2", "n3", "n1"), ("n2", "n3", "n1"), written=False)
         old_view = await store.read()
         await claim_controller(store, old_view, "n2")  # n1 is replaced
         # n1 still holds the old view: the guard on the controller record refuses its write
@@ -233,5 +234,36 @@ def test_leader_elections_bump_the_leader_epoch_and_stay_in_the_isr() -> None:
         assert unclean.record.leader_epoch == 3 and unclean.record.isr == ("n3",)
         with pytest.raises(RecordError, match="must hold the leader"):
             await change_isr(store, await store.read(), controller, 0, ["n1"])
+
+    run(body)
+
+
+def test_a_partition_moves_only_until_its_leader_marks_it_written() -> None:
+    """Its leader marks the assignment before the first append; from then on the controller
+    cannot move it (one copy: its records are on that node). A mark by a leader the
+    partition moved away from does nothing, and a move wins over a mark that read before it."""
+    async def body(store: MemoryStore) -> None:
+        controller = (await claim_controller(store, await store.read(), "n1")).record
+        await assign_partition(store, await store.read(), controller, 0, ["n1"], 0)
+        before_move = await store.read()
+        moved = await assign_partition(store, before_move, controller, 0, ["n2"], 1)
+        assert moved.result.ok and moved.record.leader_epoch == 2 and not moved.record.written
+        late = await mark_written(store, before_move, 0, "n1", 1)  # read before the move
+        assert late is not None and not late.result.ok  # the move won: n1 appends nothing
+        assert await mark_written(store, await store.read(), 0, "n1", 1) is None  # not n1's
+        marked = await mark_written(store, await store.read(), 0, "n2", 2)
+        assert marked is not None and marked.result.ok
+        assert assignment_of(await store.read(), 0).written  # type: ignore[union-attr]
+        with pytest.raises(RecordError, match="holds records on 'n2'"):
+            await assign_partition(store, await store.read(), controller, 0, ["n3"], 0)
+
+    run(body)
+
+
+def test_an_assignment_without_the_written_field_counts_as_written() -> None:
+    async def body(store: MemoryStore) -> None:
+        await store.cas("partitions/5", 0, {"leader": "n1", "worker": 0, "leader_epoch": 1,
+                                            "replicas": ["n1"], "isr": ["n1"]})
+        assert assignment_of(await store.read(), 5).written  # type: ignore[union-attr]
 
     run(body)

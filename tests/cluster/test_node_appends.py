@@ -266,3 +266,52 @@ def test_a_resend_whose_link_drops_before_it_left_is_held_not_refused(tmp_path: 
     net.dial(a.index, "b")
     settle(net)
     assert len(outcomes) == 1 and isinstance(outcomes[0], StoredElsewhere), outcomes
+
+
+def test_a_leaders_first_record_waits_for_the_partition_to_be_marked_written(
+        tmp_path: Path) -> None:
+    """A partition nobody wrote may still move (a node joined): its leader marks it written
+    in the metadata before the first append. Publishes meanwhile wait (one mark for them
+    all) and are stored in order once it is marked; after that, no mark."""
+    net = ClusterNet({"a": 1, "b": 1}, log_dir=tmp_path)
+    placements = joined(net, {"a": ("a", 1), "b": ("a", 1)})
+    a = net.of("a")
+    partition = a.leadership.partition_for(TOPIC)
+    asked: list[tuple[int, int, Callable[[bool | None], None]]] = []
+    a.node_appends.mark = lambda p, epoch, done: asked.append((p, epoch, done))
+    placements[a.index].written[partition] = False
+    outcomes: list[AppendOutcome] = []
+    a.append(TOPIC, b"first", outcomes)
+    a.append(TOPIC, b"second", outcomes)
+    settle(net)
+    assert outcomes == [] and not a.log.local.partitions.get(partition)
+    assert [(p, epoch) for p, epoch, _ in asked] == [(partition, 1)]  # once for both
+    asked[0][2](True)
+    settle(net)
+    assert [type(o) for o in outcomes] == [Stored, Stored]
+    assert [r.message.payload for r in a.log.local.partitions[partition]] == [b"first",
+                                                                              b"second"]
+    a.append(TOPIC, b"third", outcomes)
+    settle(net)
+    assert len(asked) == 1 and len(outcomes) == 3  # marked: straight to the log
+
+
+def test_a_publish_for_a_partition_that_moved_before_its_mark_goes_to_the_new_leader(
+        tmp_path: Path) -> None:
+    net = ClusterNet({"a": 1, "b": 1}, log_dir=tmp_path)
+    placements = joined(net, {"a": ("a", 1), "b": ("b", 2)})
+    a, b = net.of("a"), net.of("b")
+    partition = a.leadership.partition_for(TOPIC)
+    asked: list[Callable[[bool | None], None]] = []
+    a.node_appends.mark = lambda p, epoch, done: asked.append(done)
+    placements[a.index].written[partition] = False
+    outcomes: list[AppendOutcome] = []
+    a.append(TOPIC, b"moving", outcomes)
+    settle(net)
+    asked[0](None)  # the metadata has it on b now (the move won over the mark)
+    placements[a.index].leaders[partition] = ("b", 2)  # and a's mirror catches up
+    net.advance(RETRY_AFTER)
+    settle(net)
+    assert len(outcomes) == 1 and isinstance(outcomes[0], StoredElsewhere), outcomes
+    assert not a.log.local.partitions.get(partition)
+    assert [r.message.payload for r in b.log.local.partitions[partition]] == [b"moving"]

@@ -272,9 +272,10 @@ def test_cluster_dev_runs_nodes_that_route_to_each_other_and_stops_them_all(
         in output
 
 
-def acknowledged(client: Client, topic: str, payload: str | bytes) -> int:
+def acknowledged(client: Client, topic: str, payload: str | bytes, retain: bool = False
+                 ) -> int:
     """A QoS 1 publish; its PUBACK's reason code (below 0x80: stored)."""
-    info = client.paho.publish(topic, payload, qos=1)
+    info = client.paho.publish(topic, payload, qos=1, retain=retain)
     while True:
         mid, code = client.acked.get(timeout=30)
         if mid == info.mid:
@@ -537,6 +538,56 @@ def test_with_metadata_a_node_joins_through_one_seed_leaves_and_a_dead_one_is_fo
         nodes.stop_all()
 
 
+def test_nodes_joining_one_by_one_take_the_partitions_nothing_was_written_to(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """n1 starts alone and leads every partition; one of them gets a record. n2 and n3 join
+    through n1: the partitions never written move to them with the next leader epoch, until
+    each node leads 2 or 3; the written one stays on n1. Every partition takes publishes on
+    every node afterwards, and a subscriber gets them."""
+    from test_cluster_partitions import topics_by_partition
+
+    admin = f'\n[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n'
+    topics = topics_by_partition()
+    nodes = Nodes([])
+    try:
+        first = Node("n1", tmp_path / "n1", cluster_config(tmp_path, "n1", [], extra=admin))
+        nodes.members.append(first)
+        first.start()
+        wait_for(lambda: len(metadata(first).get("partitions", {})) == PARTITIONS,
+                 timeout=60, what="n1 to lead every partition")
+        early = connect(client_factory, first, "early")
+        assert acknowledged(early, topics[5], "before the others") < 0x80
+        seed = f"127.0.0.1:{first.ports['cluster']}"
+        for name in ("n2", "n3"):
+            node = Node(name, tmp_path / name, cluster_config(tmp_path, name, [seed],
+                                                              extra=admin))
+            nodes.members.append(node)
+            node.start()
+
+        def spread() -> dict:
+            found = metadata(nodes[2]).get("partitions", {})
+            counts = [sum(a["leader"] == node.name for a in found.values()) for node in nodes]
+            return found if len(found) == PARTITIONS and sorted(counts) == [2, 3, 3] else {}
+
+        placed = wait_for(spread, timeout=60, what="the unwritten partitions to spread")
+        assert placed["5"]["leader"] == "n1" and placed["5"]["leader_epoch"] == 1
+        assert placed["5"]["written"] is True
+        for assignment in placed.values():  # (moved once or twice: n2 came before n3)
+            assert (assignment["leader_epoch"] == 1) == (assignment["leader"] == "n1")
+        subscriber = connect(client_factory, nodes[1], "sub")
+        subscriber.subscribe("seq/#", qos=1)
+        publishers = [connect(client_factory, node, f"pub-{node.name}") for node in nodes]
+        for publisher in publishers:
+            for topic in topics.values():
+                wait_for(lambda publisher=publisher, topic=topic: acknowledged(
+                    publisher, topic, "after") < 0x80, timeout=30,
+                    what=f"{topic} stored")
+        got = {subscriber.expect(timeout=30).topic for _ in range(3 * PARTITIONS)}
+        assert got == set(topics.values())
+    finally:
+        nodes.stop_all()
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_persistent_session_gets_its_own_nodes_messages_after_other_nodes_ones(
         tmp_path: Path, client_factory: Callable[..., Client], workers: int) -> None:
@@ -586,6 +637,33 @@ def retained_view(client_factory: Callable[..., Client], node: Node, name: str,
         return got
     finally:
         client.disconnect()
+
+
+def test_with_metadata_retained_messages_published_anywhere_are_served_everywhere(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """The partitions led across the nodes: retained QoS 1 publishes on each node, for topics
+    of every partition (so most are appended by another node), are served by every node to
+    a new subscriber, and a clear made on one node is seen by all."""
+    with start_cluster(tmp_path, 3, workers=2) as nodes:
+        expected: dict[str, bytes] = {}
+        for index, node in enumerate(nodes):
+            publisher = connect(client_factory, node, f"thermostat-{node.name}")
+            for n in range(index * 8, index * 8 + 8):
+                topic, payload = f"room/{n}/temp", f"{n}".encode()
+                assert acknowledged(publisher, topic, payload, retain=True) < 0x80
+                expected[topic] = payload
+        polls = iter(range(1000))
+        for node in nodes:
+            wait_for(lambda node=node: retained_view(client_factory, node,
+                                                     f"v{next(polls)}", expected) == expected,
+                     what=f"{node.name} to serve the retained messages of every node")
+        clearer = connect(client_factory, nodes[2], "clearer")
+        assert acknowledged(clearer, "room/0/temp", b"", retain=True) < 0x80
+        del expected["room/0/temp"]
+        for node in nodes:
+            wait_for(lambda node=node: retained_view(client_factory, node,
+                                                     f"v{next(polls)}", expected) == expected,
+                     what=f"{node.name} to drop the cleared message")
 
 
 def test_retained_messages_are_one_store_for_the_cluster(

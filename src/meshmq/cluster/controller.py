@@ -19,9 +19,15 @@ Runs in each node's metadata voter process (cluster/metaproc.py), beside the vot
   as this node's voter knows them), or ``SETTLE`` seconds after this node became
   controller, each partition without an assignment is given to a member, round robin over
   the members by node id, on worker ``partition mod that node's workers``, with leader
-  epoch 1. An assignment is never moved by this loop: with one copy per partition a
-  partition's records live on its leader's disk only, so a dead node's partitions stay with
-  it (offline, and reported) until it returns; moving them is the replicated log's work.
+  epoch 1.
+* **Balance.** A partition whose leader has not marked it written (metarecords.py
+  ``mark_written``: done before its first append) holds no record anywhere, so it may move:
+  from a node that is no longer a member, or from the node leading the most partitions to
+  the one leading the fewest while they differ by more than one, with the next leader epoch
+  (one move per step). Nodes that join a running cluster thus take their share of the
+  partitions nothing was written to yet. A written partition never moves: with one copy its
+  records live on its leader's disk only, so a dead node's partitions stay with it
+  (offline, and reported) until it returns; moving them is the replicated log's work.
 
 Everything here goes through ``MetadataStore`` and the typed writes of cluster/metarecords.py,
 so it runs against the in-memory model in tests, with a clock and a leadership the test sets.
@@ -34,8 +40,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshmq.cluster.metadata import Member, MetadataError, MetadataStore, members_of
+from meshmq.cluster.metadata import Member, MetadataError, MetadataStore, View, members_of
 from meshmq.cluster.metarecords import (
+    Controller,
     assign_partition,
     assignment_of,
     claim_controller,
@@ -109,6 +116,41 @@ class Agent:
             log.info("partition assigned partition=%d leader=%s worker=%d epoch=%d",
                      partition, node, written.record.worker, written.record.leader_epoch)
             view = await self.store.read()
+        await self._balance(view, controller, members)
+
+    async def _balance(self, view: View, controller: Controller,
+                       members: dict[str, Member]) -> None:
+        """Move one partition never written (so holding no record anywhere) from a node that
+        is not a member any more, or from the node leading the most to the one leading the
+        fewest when they differ by more than one; one move per step."""
+        counts = dict.fromkeys(members, 0)
+        movable: dict[str, list[int]] = {}
+        for partition in range(self.partitions):
+            assignment = assignment_of(view, partition)
+            if assignment is None:
+                continue
+            if assignment.leader in counts:
+                counts[assignment.leader] += 1
+            if not assignment.written:
+                movable.setdefault(assignment.leader, []).append(partition)
+        if not counts:
+            return
+        fewest = min(sorted(counts), key=counts.__getitem__)
+        gone = [node for node in movable if node not in counts]
+        if gone:
+            source = gone[0]
+        else:
+            source = max(sorted(counts), key=counts.__getitem__)
+            if counts[source] - counts[fewest] <= 1 or source not in movable:
+                return
+        partition = movable[source][-1]
+        workers = max(1, members[fewest].workers)
+        written = await assign_partition(self.store, view, controller, partition, [fewest],
+                                         partition % workers)
+        if written.result.ok:
+            log.info("partition moved partition=%d from=%s leader=%s worker=%d epoch=%d "
+                     "(never written)", partition, source, fewest, written.record.worker,
+                     written.record.leader_epoch)
 
     async def run(self, stop: asyncio.Event) -> None:
         """``step`` every ``STEP`` seconds until ``stop``; a failed step is logged and tried

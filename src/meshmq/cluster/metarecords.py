@@ -6,7 +6,8 @@ Keys (values are JSON)::
     cluster_id            "c0ffee..."  (set once, by the first controller, never changed)
     controller            {"node": "n1", "epoch": 7}
     partitions/<n>        {"leader": "n2", "worker": 1, "leader_epoch": 4,
-                           "replicas": ["n2", "n3", "n1"], "isr": ["n2", "n3"]}
+                           "replicas": ["n2", "n3", "n1"], "isr": ["n2", "n3"],
+                           "written": true}
     epochs/<name>         12
 
 Every write here is fenced twice: by the version of the record in the ``View`` the caller
@@ -69,10 +70,15 @@ class Assignment:
     leader_epoch: int
     replicas: tuple[str, ...]
     isr: tuple[str, ...]
+    # a record may be in the partition's log: its leader marks it before its first append,
+    # and only a partition never written may move to another node (one copy per partition).
+    # A record without the field (written before it existed) counts as written.
+    written: bool = True
 
     def to_json(self) -> dict[str, Json]:
         return {"leader": self.leader, "worker": self.worker, "leader_epoch": self.leader_epoch,
-                "replicas": list(self.replicas), "isr": list(self.isr)}
+                "replicas": list(self.replicas), "isr": list(self.isr),
+                "written": self.written}
 
 
 def partition_key(partition: int) -> str:
@@ -130,9 +136,12 @@ def assignment_of(view: View, partition: int) -> Assignment | None:
         return None
     if not isinstance(value, dict):
         raise RecordError(f"{key}: expected an assignment, got {value!r}")
+    written = value.get("written", True)
+    if not isinstance(written, bool):
+        raise RecordError(f"{key}: written must be true or false, got {written!r}")
     return Assignment(_text(value, "leader", key), _integer(value, "worker", key),
                       _integer(value, "leader_epoch", key), _texts(value, "replicas", key),
-                      _texts(value, "isr", key))
+                      _texts(value, "isr", key), written)
 
 
 def _text(record: dict[str, Json], name: str, key: str) -> str:
@@ -183,9 +192,26 @@ async def assign_partition(store: MetadataStore, view: View, controller: Control
         raise RecordError(f"partition {partition}: replicas must be distinct and not empty, "
                           f"got {list(replicas)}")
     old = assignment_of(view, partition)
+    if old is not None and old.written:
+        raise RecordError(f"partition {partition} holds records on {old.leader!r}: it cannot "
+                          "move to another node (one copy per partition)")
     new = Assignment(replicas[0], worker, (old.leader_epoch if old else 0) + 1,
-                     tuple(replicas), tuple(replicas))
+                     tuple(replicas), tuple(replicas), written=False)
     return await _write_assignment(store, view, controller, partition, new)
+
+
+async def mark_written(store: MetadataStore, view: View, partition: int, leader: str,
+                       leader_epoch: int) -> Written[Assignment] | None:
+    """The leader ``leader`` at ``leader_epoch`` is about to append the partition's first
+    record: mark the assignment written, so that the controller no longer moves it. Fenced by
+    the record's version (a move wins over it or fails). None: the view has the partition
+    under another leader or epoch (it moved: append nothing)."""
+    old = assignment_of(view, partition)
+    if old is None or old.leader != leader or old.leader_epoch != leader_epoch:
+        return None
+    new = Assignment(old.leader, old.worker, old.leader_epoch, old.replicas, old.isr, True)
+    key = partition_key(partition)
+    return Written(await store.cas(key, view.version_of(key), new.to_json()), new)
 
 
 async def elect_leader(store: MetadataStore, view: View, controller: Controller,
@@ -201,7 +227,7 @@ async def elect_leader(store: MetadataStore, view: View, controller: Controller,
         raise RecordError(f"partition {partition}: {leader!r} is not in sync ({list(old.isr)}): "
                           "an unclean election must be asked for")
     isr = old.isr if leader in old.isr else (leader,)
-    new = Assignment(leader, worker, old.leader_epoch + 1, old.replicas, isr)
+    new = Assignment(leader, worker, old.leader_epoch + 1, old.replicas, isr, old.written)
     return await _write_assignment(store, view, controller, partition, new)
 
 
@@ -213,7 +239,8 @@ async def change_isr(store: MetadataStore, view: View, controller: Controller, p
         raise RecordError(f"partition {partition}: the ISR must hold the leader "
                           f"{old.leader!r} and only replicas ({list(old.replicas)}), got "
                           f"{list(isr)}")
-    new = Assignment(old.leader, old.worker, old.leader_epoch, old.replicas, tuple(isr))
+    new = Assignment(old.leader, old.worker, old.leader_epoch, old.replicas, tuple(isr),
+                     old.written)
     return await _write_assignment(store, view, controller, partition, new)
 
 

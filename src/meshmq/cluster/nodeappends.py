@@ -30,6 +30,12 @@ Inside the leader node the partition is led by worker ``p mod N`` as on a single
   string naming the partition and node ("unspecified error": MQTT 5.0 has no code for it;
   3.1.1 publishers are disconnected), and ``meshmq cluster status`` lists it offline. Other
   partitions go on.
+* **The first record.** A partition the controller assigned and nobody wrote to may still
+  move to another node (a node joined: cluster/controller.py). So before a leader node
+  appends a partition's first record, it marks the assignment written in the metadata
+  (``mark``: a compare-and-set on the record, which a move made meanwhile defeats); the
+  publishes that arrive meanwhile wait, then go to this node's log, or to the node the
+  partition moved to. Once per partition and leader epoch, a few milliseconds.
 * **No leader yet.** Before the metadata is reached and a partition assigned (a cluster
   starting), a publish waits: the worker looks at its mirror again every ``RETRY_AFTER``
   and sends it once a leader is named, or refuses it (0x80, "has no leader") at the
@@ -110,12 +116,14 @@ class Placements:
 
     def __init__(self, partitions: int) -> None:
         self.leaders: list[tuple[str, int] | None] = [None] * partitions
+        self.written = [True] * partitions  # marked written (metarecords.py mark_written)
         self.version = -1
 
     def update(self, view: View | None) -> None:
         if view is None or view.version <= self.version:
             return
         leaders: list[tuple[str, int] | None] = []
+        written: list[bool] = []
         for partition in range(len(self.leaders)):
             try:
                 assignment = assignment_of(view, partition)
@@ -124,6 +132,8 @@ class Placements:
                 assignment = None
             leaders.append(None if assignment is None
                            else (assignment.leader, assignment.leader_epoch))
+            written.append(assignment is None or assignment.written)
+        self.written = written
         changed = [p for p, (old, new) in enumerate(zip(self.leaders, leaders, strict=True))
                    if old != new]
         self.leaders, self.version = leaders, view.version
@@ -133,6 +143,18 @@ class Placements:
 
     def of(self, partition: int) -> tuple[str, int] | None:
         return self.leaders[partition] if partition < len(self.leaders) else None
+
+    def note_written(self, partition: int, placed: tuple[str, int]) -> None:
+        """This node marked ``partition`` written under ``placed`` (before the mirror says so)."""
+        if self.of(partition) == placed:
+            self.written[partition] = True
+
+
+Mark = Callable[[int, int, Callable[["bool | None"], None]], None]
+"""``mark(partition, leader_epoch, done)``: mark the partition written in the metadata as its
+leader at that epoch; ``done(True)`` once it is (by this call or another), ``done(None)`` if
+the partition is no longer this node's at that epoch, ``done(False)`` if it could not be
+decided now (ask again)."""
 
 
 @dataclass(slots=True)
@@ -151,13 +173,27 @@ class _Pending:
     deadline: float
 
 
+@dataclass(slots=True)
+class _Unmarked:
+    """A publish for a partition this node leads but has not marked written yet."""
+
+    message: Message
+    client_id: str
+    done: Completion
+    message_id: bytes | None
+    deadline: float
+
+
 class NodeAppends:
     """One worker's appends to other nodes, and its answers to theirs (module docstring)."""
 
     def __init__(self, partitions: PartitionedLog, links: NodeLinks, placements: Placements,
                  append_for: AppendFor, encode: Encode, decode: Decode,
-                 call_soon: Callable[..., object]) -> None:
+                 call_soon: Callable[..., object], mark: Mark | None = None) -> None:
         self.log = partitions
+        self.mark = mark
+        self._unmarked: dict[int, list[_Unmarked]] = {}  # by partition: waiting for the mark
+        self._marking: set[int] = set()
         self.call_soon = call_soon
         self.links = links
         self.mesh = mesh = links.mesh
@@ -195,7 +231,12 @@ class NodeAppends:
             return False  # $SYS and services stay on their node
         placed = self.placements.of(partition)
         if placed is not None and placed[0] == self.node_id:
-            return False
+            if self.mark is None or self.placements.written[partition]:
+                return False  # this node's log takes it
+            self._unmarked.setdefault(partition, []).append(_Unmarked(
+                message, client_id, done, message_id, self.mesh.io.now() + APPEND_TIMEOUT))
+            self._mark(partition, placed)
+            return True
         resend = message_id is not None
         if message_id is None:
             message_id = new_message_id(int(time.time() * 1000))
@@ -207,6 +248,38 @@ class NodeAppends:
         pending.node, pending.epoch = placed
         self._send(pending)
         return True
+
+    def _mark(self, partition: int, placed: tuple[str, int]) -> None:
+        """Before this node's first append to ``partition``: mark it written in the metadata
+        (so the controller no longer moves it), the publishes waiting meanwhile."""
+        if partition in self._marking or self.mark is None:
+            return
+        self._marking.add(partition)
+        self.mark(partition, placed[1], partial(self._marked, partition, placed))
+
+    def _marked(self, partition: int, placed: tuple[str, int], result: bool | None) -> None:
+        self._marking.discard(partition)
+        if result:
+            self.placements.note_written(partition, placed)
+            self._release(partition)
+        else:  # moved away (the mirror follows), or undecided: look again shortly
+            self.mesh.call_at(self.mesh.io.now() + RETRY_AFTER,
+                              partial(self._release, partition))
+
+    def _release(self, partition: int) -> None:
+        """The publishes that waited for the mark go on: to this node's log, to the node the
+        partition moved to, or back to waiting (refused at their deadline)."""
+        waiting = self._unmarked.pop(partition, [])
+        now = self.mesh.io.now()
+        for item in waiting:
+            if now >= item.deadline:
+                self.counters["node_appends_refused"] += 1
+                item.done(Refused(ReasonCode.UNSPECIFIED_ERROR, f"partition {partition}: its "
+                                  "first record could not be marked in the cluster's metadata "
+                                  f"within {APPEND_TIMEOUT:.0f} s"))
+            elif not self.log.append(item.message, item.client_id, item.done,
+                                     item.message_id):
+                item.done(Refused(ReasonCode.QUOTA_EXCEEDED, "the commit log's queue is full"))
 
     def _wait_for_leader(self, pending: _Pending) -> None:
         """No leader known for the partition (a cluster starting: the metadata not reached

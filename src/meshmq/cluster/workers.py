@@ -19,6 +19,7 @@ owns to their owners. Only then does the worker serve clients.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -32,7 +33,7 @@ from meshmq.cluster.mesh import Mesh
 from meshmq.cluster.metaclient import MetaClient
 from meshmq.cluster.metadata import Change, MetadataError
 from meshmq.cluster.metaproc import socket_name_for
-from meshmq.cluster.metarecords import cluster_id_of
+from meshmq.cluster.metarecords import assignment_of, cluster_id_of, mark_written
 from meshmq.cluster.nodeappends import NodeAppends, Placements
 from meshmq.cluster.nodecatchup import NodeCatchup
 from meshmq.cluster.nodelink import NodeIdentity
@@ -144,12 +145,40 @@ class WorkerCluster:
                 self.placements = Placements(config.log.partitions)
                 self.node_appends = NodeAppends(
                     self.log, self.nodes, self.placements, broker.publishes.append_for,
-                    lifecycle.encode_message, decode_message, loop.call_soon)
+                    lifecycle.encode_message, decode_message, loop.call_soon,
+                    partial(self._mark_written, self.metadata, identity.node_id))
                 self.node_catchup = NodeCatchup(self.nodes, self.log, self.leadership,
                                                 loop.time)
         mesh.on_congested = self._congested
         self._congestion_logged = -1e9
+        self._marks: set[asyncio.Task[None]] = set()
         broker.use(mesh, self.log, self.retained, self.directory, self.statistics)
+
+    def _mark_written(self, client: MetaClient, node_id: str, partition: int, epoch: int,
+                      done: Callable[[bool | None], None]) -> None:
+        """nodeappends.py ``Mark``: through this worker's metadata client."""
+        async def run() -> None:
+            try:
+                for _ in range(3):  # a lost compare-and-set: another worker's mark, or a move
+                    view = await client.read()
+                    assignment = assignment_of(view, partition)
+                    if assignment is None or (assignment.leader, assignment.leader_epoch) != (
+                            node_id, epoch):
+                        return done(None)
+                    if assignment.written:
+                        return done(True)
+                    marked = await mark_written(client, view, partition, node_id, epoch)
+                    if marked is not None and marked.result.ok:
+                        log.info("partition marked written partition=%d epoch=%d",
+                                 partition, epoch)
+                        return done(True)
+            except MetadataError as error:
+                log.warning("partition %d not marked written yet: %s", partition, error)
+            done(False)
+
+        task = self.broker.loop.create_task(run())
+        self._marks.add(task)  # (a task nobody holds may be collected before it ends)
+        task.add_done_callback(self._marks.discard)
 
     def _highs(self) -> dict[int, int]:
         return self.log.leader_highs() if self.log is not None else {}
