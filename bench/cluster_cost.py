@@ -6,7 +6,8 @@ three nodes on one machine").
 Usage::
 
     .venv/bin/python bench/cluster_cost.py [--quick] [--repeat N]
-        [--only cost,fanout,connect,failover] [--failovers N] [--kill controller|other]
+        [--only cost,fanout,connect,persisted,failover] [--failovers N]
+        [--kill controller|other]
         [--fault kill|stop|pause] [--fail-observe S]
 
 Every broker (Mosquitto, the single meshmq node, all three cluster nodes) runs under ``taskset
@@ -26,6 +27,13 @@ once, in an order that alternates, and runs every part:
 * ``connect``: ``--conns`` clients connect, 64 handshakes in flight, through three C load
   generators at once; on the cluster ``one`` (all three to n1) and ``spread`` (one per node).
   Connections/s and broker CPU µs per connection.
+* ``persisted``: the pairs at QoS 1 with the commit log on (``fsync = "always"``, the
+  default) and the metadata on (the default): a one-node setup with the log, and a cluster
+  whose partitions are led across its nodes. On the cluster ``leader`` (each pair's publisher
+  and subscriber on the node leading its topic's partition: nothing crosses) and ``proxied``
+  (the publisher on the next node, the subscriber on the third: the append crosses to the
+  leader and the delivery crosses from it). Mosquitto (no persistence) runs the same pairs
+  for reference. Broker CPU µs per delivered message.
 * ``failover`` (``clusterfail``): a fresh cluster with ``cluster.metadata = true`` and the log
   on; paced QoS 1 publishes on the two surviving nodes; kill -9 of one node (``--fault stop``:
   SIGSTOP of its every process, a hung host; ``pause``: the same, then SIGCONT, and the node's
@@ -49,6 +57,7 @@ import statistics
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
@@ -63,7 +72,7 @@ from meshbench.brokers import (
     start_mosquitto,
 )
 from meshbench.build import build_loadgen
-from meshbench.cluster import API_KEY, Cluster, start_cluster
+from meshbench.cluster import API_KEY, Cluster, partitions_settled, start_cluster
 from meshbench.clusterconnect import run_connects
 from meshbench.clusterfail import FAULTS, run_failover
 from meshbench.clustertraffic import Flow, Sampler, run_flows
@@ -71,14 +80,17 @@ from meshbench.report import tree_state, write_json
 from meshbench.scenarios import LOG_OFF
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("cost", "fanout", "connect", "failover")
-SETUPS = ("mosquitto", "single", "cluster")
+PARTS = ("cost", "fanout", "connect", "persisted", "failover")
+SETUPS = ("mosquitto", "single", "cluster", "single-log", "cluster-log")
 NODES = 3
 # Every meshmq node of the cost, fan-out and connect parts: one worker, log off, lossless
 # queues (as Mosquitto's max_queued_messages 0), an admin listener (the cluster's nodes need
 # one to say when they are linked; the single node has one too, so both carry the same).
 MESHMQ: dict[str, object] = {**LOG_OFF, "server.workers": 1, "admin.listen": "127.0.0.1:0",
                              "admin.api_key": API_KEY}
+# The persisted part's nodes: the same with the commit log on, fsync always (the defaults).
+MESHMQ_LOG: dict[str, object] = {**MESHMQ, "log.enabled": True, "log.fsync": "always"}
+PARTITIONS = 8  # log.partitions, the default
 
 Results = dict[str, dict[str, list[dict[str, object]]]]  # part -> case -> runs
 
@@ -194,12 +206,52 @@ def fanout_flow(pub_port: int, sub_ports: list[int], names: list[str], subs: int
 Case = tuple[str, str, Callable[[], dict[str, object]]]  # (part, case, run)
 
 
+def setups_for(parts: list[str], mosquitto: bool) -> list[str]:
+    """The setups that have a case to run for ``parts``."""
+    wanted = []
+    if mosquitto and any(p in parts for p in ("cost", "fanout", "connect", "persisted")):
+        wanted.append("mosquitto")
+    if any(p in parts for p in ("cost", "fanout", "connect")):
+        wanted += ["single", "cluster"]
+    if "persisted" in parts:
+        wanted += ["single-log", "cluster-log"]
+    return wanted
+
+
+def led_pair_flows(ports: dict[str, int], leaders: dict[int, str], pairs: int,
+                   proxied: bool) -> list[Flow]:
+    """The pairs of ``pair_flows`` placed by their partition's leader node: publisher and
+    subscriber on it, or (``proxied``) the publisher on the next node and the subscriber on
+    the one after (crc32 of the topic modulo the partitions, as the log's partitioner)."""
+    names = sorted(ports)
+    flows = []
+    for i in range(pairs):
+        topic = f"bench/cluster/pair/{i}"
+        leader = leaders[zlib.crc32(topic.encode()) % PARTITIONS]
+        at = names.index(leader)
+        pub, sub = ((names[(at + 1) % len(names)], names[(at + 2) % len(names)]) if proxied
+                    else (leader, leader))
+        flows.append(Flow(topic, ports[pub], (ports[sub],), (pub, sub)))
+    return flows
+
+
 def cases_for(setup: str, args: argparse.Namespace, ports: dict[str, int], sampler: Sampler,
-              loadgen: Path | None, client_cpus: str | None, flip: bool) -> list[Case]:
+              loadgen: Path | None, client_cpus: str | None, flip: bool,
+              leaders: dict[int, str] | None = None) -> list[Case]:
     """What runs on one started setup, in order; ``flip`` reverses the order of the two
     cluster cases of each part (drift hits both)."""
     w, d = args.warmup, args.duration
     cases: list[Case] = []
+    if setup in ("single-log", "cluster-log"):
+        if setup == "cluster-log":
+            node_ports = {name: port for name, port in ports.items() if name.startswith("n")}
+            led = {name: led_pair_flows(node_ports, leaders or {}, args.pairs, name == "proxied")
+                   for name in ("leader", "proxied")}
+        else:
+            led = {setup: pair_flows([ports[setup]], [ports[setup]], (setup, setup),
+                                     args.pairs)}
+        return [("persisted", name, partial(run_flows, led[name], 1, sampler, w, d))
+                for name in (reversed(list(led)) if flip else led)]
     if setup == "cluster":
         n1, n2 = ports["n1"], ports["n2"]
         spread = [ports[f"n{i + 1}"] for i in range(NODES)]
@@ -219,6 +271,9 @@ def cases_for(setup: str, args: argparse.Namespace, ports: dict[str, int], sampl
         keys = list(items)
         return list(reversed(keys)) if flip else keys
 
+    if "persisted" in args.parts and setup == "mosquitto":
+        cases.append(("persisted", "mosquitto",
+                      partial(run_flows, message[setup], 1, sampler, w, d)))
     if "cost" in args.parts:
         for qos in (0, 1):
             for name in ordered(message):
@@ -242,11 +297,16 @@ def run_setup(setup: str, args: argparse.Namespace, cpus: tuple[str | None, str 
     workdir = Path(tempfile.mkdtemp(prefix=f"meshbench-cluster-{setup}-"))
     broker: RunningBroker | None = None
     cluster: Cluster | None = None
+    leaders: dict[int, str] | None = None
     try:
-        if setup == "cluster":
-            cluster = start_cluster(workdir, NODES, MESHMQ, broker_cpus)
+        if setup in ("cluster", "cluster-log"):
+            persisted = setup == "cluster-log"
+            cluster = start_cluster(workdir, NODES, MESHMQ_LOG if persisted else MESHMQ,
+                                    broker_cpus, metadata=persisted)
             ports = {node.name: node.port for node in cluster.nodes}
             sampler: Sampler = cluster.stats
+            if persisted:
+                leaders = await_leaders(cluster)
 
             def problems() -> list[str]:
                 return cluster.problems() if cluster is not None else []
@@ -255,7 +315,8 @@ def run_setup(setup: str, args: argparse.Namespace, cpus: tuple[str | None, str 
                 assert mosquitto is not None
                 broker = start_mosquitto(workdir, mosquitto, broker_cpus)
             else:
-                broker = start_meshmq(workdir, MESHMQ, broker_cpus)
+                broker = start_meshmq(workdir, MESHMQ_LOG if setup == "single-log" else MESHMQ,
+                                      broker_cpus)
             ports = {setup: broker.port}
             one = broker
             sampler = lambda: {setup: one.stats()}  # noqa: E731
@@ -263,7 +324,7 @@ def run_setup(setup: str, args: argparse.Namespace, cpus: tuple[str | None, str 
             def problems() -> list[str]:
                 return [] if one.alive() else [f"{setup} died: {one.log_tail(3)}"]
         for part, case, run in cases_for(setup, args, ports, sampler, loadgen, client_cpus,
-                                         flip):
+                                         flip, leaders):
             try:
                 outcome = run()
             except BenchError as exc:  # a run that broke: recorded, the others go on
@@ -278,6 +339,17 @@ def run_setup(setup: str, args: argparse.Namespace, cpus: tuple[str | None, str 
         if broker is not None:
             broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def await_leaders(cluster: Cluster) -> dict[int, str]:
+    """Each partition's leader node, once every node's metadata has them all."""
+    deadline = time.monotonic() + 60
+    while not partitions_settled(cluster, PARTITIONS):
+        if time.monotonic() > deadline:
+            raise BenchError("the metadata did not assign every partition within 60 s")
+        time.sleep(0.1)
+    state = cluster.nodes[0].admin()["metadata"]["partitions"]
+    return {int(partition): a["leader"] for partition, a in state.items()}
 
 
 def progress(part: str, case: str, outcome: dict[str, object]) -> None:
@@ -329,7 +401,19 @@ def grid(header: list[str], lines: list[list[str]]) -> str:
 
 def summary(results: Results) -> dict[str, list[dict[str, object]]]:
     """The tables' rows (medians, ratios), as printed and as written to the JSON file."""
-    tables: dict[str, list[dict[str, object]]] = {"cost": [], "fanout": [], "connect": []}
+    tables: dict[str, list[dict[str, object]]] = {"cost": [], "fanout": [], "connect": [],
+                                                  "persisted": []}
+    if "persisted" in results:
+        us = {case: median(results, "persisted", case, "broker_us_per_msg")
+              for case in ("mosquitto", "single-log", "leader", "proxied")}
+        rate = {case: median(results, "persisted", case, "rate") for case in us}
+        tables["persisted"].append({
+            "us_per_msg": us, "rate": rate,
+            "proxied_minus_leader_us": (None if us["proxied"] is None or us["leader"] is None
+                                        else us["proxied"] - us["leader"]),
+            "proxied_over_leader": ratio(us["proxied"], us["leader"]),
+            "leader_over_single": ratio(us["leader"], us["single-log"]),
+            "single_over_mosquitto": ratio(us["single-log"], us["mosquitto"])})
     for part in ("qos0", "qos1"):
         if part not in results:
             continue
@@ -413,6 +497,20 @@ def print_tables(tables: dict[str, list[dict[str, object]]],
               f"{times(row['spread_over_single_rate'])}, spread/Mosquitto "  # type: ignore[arg-type]
               f"{times(row['spread_over_mosquitto_rate'])}; CPU per connection spread/one "  # type: ignore[arg-type]
               f"{times(row['spread_over_one_cpu'])}")  # type: ignore[arg-type]
+    for row in tables["persisted"]:
+        us, rate = row["us_per_msg"], row["rate"]  # type: ignore[assignment]
+        cases = ("mosquitto", "single-log", "leader", "proxied")
+        print(f"\nQoS 1 persisted (log on, fsync always; cluster with the metadata on), "
+              f"{args.pairs} pairs; leader: publisher and subscriber on the partition's leader "
+              "node; proxied: publisher on the next node, subscriber on the third")
+        print(grid(["figure", "Mosquitto (no log)", "one node", "cluster leader",
+                    "cluster proxied"], [
+            ["broker µs/msg", *(num(us[c]) for c in cases)],
+            ["msg/s", *(num(rate[c]) for c in cases)]]))
+        print(f"proxied - leader = {num(row['proxied_minus_leader_us'])} µs per message; "  # type: ignore[arg-type]
+              f"proxied/leader {times(row['proxied_over_leader'])}, "  # type: ignore[arg-type]
+              f"leader/one node {times(row['leader_over_single'])}, "  # type: ignore[arg-type]
+              f"one node/Mosquitto {times(row['single_over_mosquitto'])}")  # type: ignore[arg-type]
     if failovers:
         fault = {"kill": "kill -9", "stop": "SIGSTOP of every process of the node",
                  "pause": "SIGSTOP of every process of the node; SIGCONT "
@@ -452,10 +550,10 @@ def main(argv: list[str] | None = None) -> int:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     cpus = pin_self(args)
-    steady = any(part in args.parts for part in ("cost", "fanout", "connect"))
+    steady = any(part in args.parts for part in ("cost", "fanout", "connect", "persisted"))
     mosquitto = None if args.no_mosquitto or not steady else ensure_mosquitto()
     loadgen = build_loadgen() if "connect" in args.parts else None
-    setups = [s for s in SETUPS if not (s == "mosquitto" and mosquitto is None)]
+    setups = setups_for(args.parts, mosquitto is not None)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     args.results.mkdir(parents=True, exist_ok=True)
     load_before = loadavg()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,31 @@ def test_cross_node_qos1_pairs_and_a_spread_fanout_validate(tmp_path: Path) -> N
         cluster.stop()
 
 
+def test_persisted_pairs_are_placed_by_their_partitions_leader_and_validate(
+        tmp_path: Path) -> None:
+    """The persisted part: the log and the metadata on; ``leader`` puts each pair on its
+    topic's leader node, ``proxied`` the publisher and subscriber on the two others."""
+    cluster = start_cluster(tmp_path, 3, cluster_cost.MESHMQ_LOG, None, metadata=True)
+    try:
+        leaders = cluster_cost.await_leaders(cluster)
+        ports = {node.name: node.port for node in cluster.nodes}
+        by_port = {port: name for name, port in ports.items()}
+        for proxied in (False, True):
+            flows = cluster_cost.led_pair_flows(ports, leaders, 3, proxied)
+            for flow in flows:
+                leader = leaders[zlib.crc32(flow.topic.encode()) % cluster_cost.PARTITIONS]
+                placed = {by_port[flow.publisher_port],
+                          *(by_port[p] for p in flow.subscriber_ports)}
+                assert placed == ({leader} if not proxied else set(ports) - {leader})
+            outcome = run_flows(flows, 1, cluster.stats, 0.1, 0.4)
+            assert outcome["ok"], outcome["problems"]
+            counts = outcome["counts"]
+            assert counts["delivered"] == counts["published"] > 0  # type: ignore[index]
+        assert cluster.problems() == []
+    finally:
+        cluster.stop()
+
+
 def test_a_broker_still_busy_is_waited_for_before_a_run() -> None:
     # A process that burns a CPU for about a second stands in for a broker still closing the
     # previous run's clients: its CPU must not be counted in the next run's window.
@@ -72,7 +98,7 @@ def test_a_broker_still_busy_is_waited_for_before_a_run() -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--only", "cost,speed"],
-     "--only: unknown part 'speed'; known: cost, fanout, connect, failover"),
+     "--only: unknown part 'speed'; known: cost, fanout, connect, persisted, failover"),
     (["--repeat", "0"], "--repeat: must be at least 1"),
     (["--conns", "2"], "--conns: must be at least 3"),
     (["--fail-observe", "0"], "--fail-observe: must be positive"),
