@@ -17,7 +17,13 @@ from meshmq.broker.interfaces import (
     Unknown,
 )
 from meshmq.broker.wire import decode_message, encode_message
-from meshmq.cluster.nodeappends import HOLD_FOR_LEADER, RETRY_AFTER, NodeAppends, Placements
+from meshmq.cluster.nodeappends import (
+    CHECK_EVERY,
+    HOLD_FOR_LEADER,
+    RETRY_AFTER,
+    NodeAppends,
+    Placements,
+)
 from meshmq.cluster.partitions import APPEND_TIMEOUT
 from meshmq.mqtt.reason_codes import ReasonCode
 
@@ -315,3 +321,31 @@ def test_a_publish_for_a_partition_that_moved_before_its_mark_goes_to_the_new_le
     assert len(outcomes) == 1 and isinstance(outcomes[0], StoredElsewhere), outcomes
     assert not a.log.local.partitions.get(partition)
     assert [r.message.payload for r in b.log.local.partitions[partition]] == [b"moving"]
+
+
+def test_a_first_record_that_cannot_be_marked_is_refused_at_its_deadline(
+        tmp_path: Path) -> None:
+    """The metadata without a majority: every mark comes back undecided; the publish keeps
+    its first deadline through the attempts and is refused there, stored nowhere."""
+    net = ClusterNet({"a": 1, "b": 1}, log_dir=tmp_path)
+    placements = joined(net, {"a": ("a", 1), "b": ("a", 1)})
+    a = net.of("a")
+    partition = a.leadership.partition_for(TOPIC)
+    attempts: list[float] = []
+
+    def undecided(p: int, epoch: int, done: Callable[[bool | None], None]) -> None:
+        attempts.append(a.clock.time)
+        a.loop.call_soon(done, False)
+
+    a.node_appends.mark = undecided
+    placements[a.index].written[partition] = False
+    outcomes: list[AppendOutcome] = []
+    a.append(TOPIC, b"needs agreement", outcomes)
+    for _ in range(int((APPEND_TIMEOUT + CHECK_EVERY) / RETRY_AFTER) + 2):
+        settle(net)
+        net.advance(RETRY_AFTER)
+    settle(net)
+    assert len(outcomes) == 1 and isinstance(outcomes[0], Refused), outcomes
+    assert "could not be marked" in outcomes[0].why
+    assert len(attempts) > 3  # asked again and again, the deadline kept
+    assert not a.log.local.partitions.get(partition)

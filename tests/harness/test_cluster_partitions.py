@@ -391,3 +391,37 @@ def test_a_leader_node_partitioned_away_in_a_namespace_loses_nothing(
             nodes.stop_all()
     print(report.render())
     assert report.ok and not report.undrained, report.render()
+
+
+@pytest.mark.faults
+@pytest.mark.skipif(not LONG, reason="the long fault suite runs with MESHMQ_FAULTS=1 "
+                    "(docs/testing.md)")
+def test_with_the_majority_lost_a_node_serves_its_written_partitions_and_says_why_not_others(
+        tmp_path: Path, client_factory: Callable[..., Client]) -> None:
+    """n2 and n3 killed with -9: n1's metadata has no majority. n1 goes on taking publishes
+    for the partitions it leads and has written to (no agreement needed); one it leads but
+    never wrote would need the metadata to mark it, so it is refused after the append's
+    deadline, saying so; the dead nodes' partitions are refused as offline. With n2 back,
+    the first record of n1's unwritten partition is taken."""
+    topics = topics_by_partition()
+    with metadata_cluster(tmp_path) as (nodes, leaders):
+        mine = [p for p, leader in leaders.items() if leader == "n1"]
+        written, unwritten = mine[0], mine[1]
+        publisher = client_factory("pub")
+        publisher.connect(nodes[0].port)
+        wait_for(lambda: acknowledged(publisher, topics[written], "first") < 0x80,
+                 timeout=30, what="n1's first record")
+        nodes[1].kill()
+        nodes[2].kill()
+        wait_for(lambda: len(re.findall(r"link to node lost node=n[23] ", nodes[0].log()))
+                 >= 4, what="n1's workers to see n2 and n3 gone")
+        assert acknowledged(publisher, topics[written], "alone") < 0x80
+        other = next(p for p, leader in leaders.items() if leader == "n2")
+        assert acknowledged(publisher, topics[other], "offline") == 0x80
+        assert acknowledged(publisher, topics[unwritten], "needs agreement") == 0x80
+        nodes[1].restart()
+        wait_for(lambda: acknowledged(publisher, topics[unwritten], "agreed") < 0x80,
+                 timeout=60, what="n1's unwritten partition marked once n2 is back")
+        with LogView(nodes[0].data_dir) as view:
+            payloads = [r.payload for r in view.read(unwritten, view.earliest_offset(unwritten))]
+        assert payloads[-1] == b"agreed" and b"needs agreement" not in payloads

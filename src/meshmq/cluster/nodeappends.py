@@ -35,7 +35,9 @@ Inside the leader node the partition is led by worker ``p mod N`` as on a single
   appends a partition's first record, it marks the assignment written in the metadata
   (``mark``: a compare-and-set on the record, which a move made meanwhile defeats); the
   publishes that arrive meanwhile wait, then go to this node's log, or to the node the
-  partition moved to. Once per partition and leader epoch, a few milliseconds.
+  partition moved to. Once per partition and leader epoch, a few milliseconds. Without a
+  majority of the metadata's voters the mark cannot be made: the publishes wait, the mark is
+  asked again, and they are refused at their deadline (``APPEND_TIMEOUT``), stored nowhere.
 * **No leader yet.** Before the metadata is reached and a partition assigned (a cluster
   starting), a publish waits: the worker looks at its mirror again every ``RETRY_AFTER``
   and sends it once a leader is named, or refuses it (0x80, "has no leader") at the
@@ -236,6 +238,7 @@ class NodeAppends:
             self._unmarked.setdefault(partition, []).append(_Unmarked(
                 message, client_id, done, message_id, self.mesh.io.now() + APPEND_TIMEOUT))
             self._mark(partition, placed)
+            self._arm_check()
             return True
         resend = message_id is not None
         if message_id is None:
@@ -271,15 +274,19 @@ class NodeAppends:
         partition moved to, or back to waiting (refused at their deadline)."""
         waiting = self._unmarked.pop(partition, [])
         now = self.mesh.io.now()
+        placed = self.placements.of(partition)
+        still = placed is not None and placed[0] == self.node_id and not (
+            self.placements.written[partition])
         for item in waiting:
-            if now >= item.deadline:
-                self.counters["node_appends_refused"] += 1
-                item.done(Refused(ReasonCode.UNSPECIFIED_ERROR, f"partition {partition}: its "
-                                  "first record could not be marked in the cluster's metadata "
-                                  f"within {APPEND_TIMEOUT:.0f} s"))
+            if still and now < item.deadline:  # waits on, its deadline kept
+                self._unmarked.setdefault(partition, []).append(item)
+            elif now >= item.deadline:
+                self._unmarked_refused(partition, item)
             elif not self.log.append(item.message, item.client_id, item.done,
                                      item.message_id):
                 item.done(Refused(ReasonCode.QUOTA_EXCEEDED, "the commit log's queue is full"))
+        if partition in self._unmarked and placed is not None:
+            self._mark(partition, placed)
 
     def _wait_for_leader(self, pending: _Pending) -> None:
         """No leader known for the partition (a cluster starting: the metadata not reached
@@ -314,8 +321,7 @@ class NodeAppends:
         self.counters["node_appends_sent"] += 1
         mesh = self.mesh
         mesh.wake()
-        if self._check_timer is None:
-            self._check_timer = mesh.call_at(mesh.io.now() + CHECK_EVERY, self._check)
+        self._arm_check()
         if link.congested and mesh.on_congested is not None:
             mesh.on_congested(peer)  # the publisher waits until the leader's link drains
 
@@ -422,8 +428,24 @@ class NodeAppends:
                 self._held[node_id] = kept
             else:
                 del self._held[node_id]
-        if self._pending or self._held:
-            self._check_timer = self.mesh.call_at(now + CHECK_EVERY, self._check)
+        for partition, waiting in list(self._unmarked.items()):
+            self._unmarked[partition] = [item for item in waiting if item.deadline > now]
+            for item in waiting:
+                if item.deadline <= now:
+                    self._unmarked_refused(partition, item)
+        self._arm_check()
+
+    def _arm_check(self) -> None:
+        if self._check_timer is None and (self._pending or self._held or any(
+                self._unmarked.values())):
+            self._check_timer = self.mesh.call_at(self.mesh.io.now() + CHECK_EVERY,
+                                                  self._check)
+
+    def _unmarked_refused(self, partition: int, item: _Unmarked) -> None:
+        self.counters["node_appends_refused"] += 1
+        item.done(Refused(ReasonCode.UNSPECIFIED_ERROR, f"partition {partition}: its first "
+                          "record could not be marked in the cluster's metadata (no majority "
+                          f"of its voters?) within {APPEND_TIMEOUT:.0f} s"))
 
     def _node_down(self, peer: int, node_id: str) -> None:
         """The link to a node is gone: its appends not sent yet are refused (they never
@@ -453,8 +475,7 @@ class NodeAppends:
         pending.deadline = self.mesh.io.now() + HOLD_FOR_LEADER
         self._held.setdefault(pending.node, []).append(pending)
         self.counters["node_appends_held"] += 1
-        if self._check_timer is None:
-            self._check_timer = self.mesh.call_at(self.mesh.io.now() + CHECK_EVERY, self._check)
+        self._arm_check()
 
     def _node_up(self, peer: int, node_id: str) -> None:
         """The dialed link to ``node_id`` is up: what was held for it goes now."""
