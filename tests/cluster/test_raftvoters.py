@@ -142,3 +142,23 @@ def test_a_voter_restarted_alone_keeps_the_voters_it_learned(tmp_path: Path) -> 
                 newcomer.stop()
 
     asyncio.run(run())
+
+
+def test_the_raft_leader_leaves_by_handing_its_leadership_on(tmp_path: Path) -> None:
+    """pysyncobj cannot remove a leader: the leaving leader hands the leadership on first,
+    then another voter removes it; the two left agree on writes."""
+    async def run() -> None:
+        with meta_nodes(tmp_path, 3) as nodes:
+            leader = await find_leader(nodes)
+            client = leader.client()
+            await client.connect()
+            try:
+                assert "removed" in await client.leave()
+            finally:
+                await client.close()
+            rest = [node for node in nodes if node is not leader]
+            await voters_everywhere(rest, {node.raft for node in rest})
+            await write_through(rest[0], "after-the-leader-left", 1)
+            assert (await find_leader(nodes, among=rest)) in rest
+
+    asyncio.run(run())
