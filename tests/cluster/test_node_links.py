@@ -107,6 +107,19 @@ def test_a_node_that_knows_no_cluster_id_adopts_its_peers() -> None:
         assert worker.links.identity.cluster_id == "one"
 
 
+def test_the_id_agreed_in_the_metadata_wins_over_one_learned_from_a_peer() -> None:
+    """Nodes that all started with seeds had none; one peer's id came over a link, then the
+    metadata's agreed one: that one is kept (every voter of the cluster converges on it),
+    while a peer's hello never replaces an id a node has."""
+    net = ClusterNet({"a": 1, "fresh": 1}, cluster_ids={"a": "one"})
+    links = net.of("fresh").links
+    assert links.identity.cluster_id == "one"
+    links.learn_cluster_id("two", "node=z")  # a hello: does not replace
+    assert links.identity.cluster_id == "one"
+    links.learn_cluster_id("agreed", "the metadata", agreed=True)
+    assert links.identity.cluster_id == "agreed"
+
+
 def test_a_silent_node_is_suspected_then_dead_and_the_others_go_on() -> None:
     net = ClusterNet({"a": 1, "b": 1, "c": 1})
     net.of("c").subscribe("s", "t")

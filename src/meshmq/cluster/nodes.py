@@ -291,13 +291,20 @@ class NodeLinks:
             raise LinkError(f"node {state.hello.node_id!r} does not know the cluster secret")
         self._ready(link, state, state.hello)
 
-    def learn_cluster_id(self, cluster_id: str, source: str) -> None:
-        """This node's cluster id, learned from a node's hello or from the metadata (nodes
-        that all start with seeds have none until their controller draws one); kept."""
-        if self.identity.cluster_id:
+    def learn_cluster_id(self, cluster_id: str, source: str, agreed: bool = False) -> None:
+        """This node's cluster id, learned from a node's hello (kept if it has none yet) or
+        ``agreed`` in the metadata (nodes that all start with seeds have none until their
+        controller writes one; and the metadata's, agreed by every voter of this cluster,
+        wins over one a node learned or drew before it was written: all converge on it)."""
+        old = self.identity.cluster_id
+        if old == cluster_id or (old and not agreed):
             return
         self.identity.cluster_id = cluster_id
-        log.info("joined cluster cluster_id=%s through %s", cluster_id, source)
+        if old:
+            log.warning("cluster id now cluster_id=%s as agreed in %s (was %s)", cluster_id,
+                        source, old)
+        else:
+            log.info("joined cluster cluster_id=%s through %s", cluster_id, source)
         if self.on_cluster_id is not None:
             self.on_cluster_id(cluster_id)
 

@@ -224,7 +224,7 @@ class WorkerCluster:
                 log.error("metadata: %s", error)
                 cluster_id = None
             if nodes is not None and cluster_id:
-                nodes.learn_cluster_id(cluster_id, "the metadata")
+                nodes.learn_cluster_id(cluster_id, "the metadata", agreed=True)
 
         client.watch(changed)  # (it keeps the client's mirror of the metadata)
 

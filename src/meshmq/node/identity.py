@@ -51,7 +51,7 @@ def read_identity(data_dir: str) -> dict[str, Any] | None:
 
 def _write(data_dir: str, node_id: str, cluster_id: str) -> None:
     path = _path(data_dir)
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_suffix(f".json.{os.getpid()}.tmp")  # (every worker may write it)
     tmp.write_text(json.dumps({"node_id": node_id, "cluster_id": cluster_id}) + "\n",
                    encoding="utf-8")
     os.replace(tmp, path)
@@ -83,9 +83,10 @@ def prepare_identity(config: BrokerConfig) -> str:
 
 
 def store_cluster_id(data_dir: str, node_id: str, cluster_id: str) -> None:
-    """The node learned its cluster's id: keep it (every worker may; they learn the same)."""
+    """The node learned its cluster's id (from a node, or as agreed in the metadata, which
+    may replace one learned before): keep it (every worker may; they learn the same)."""
     found = read_identity(data_dir)
-    if found is None or not found.get("cluster_id"):
+    if found is None or found.get("cluster_id") != cluster_id:
         _write(data_dir, node_id, cluster_id)
 
 
