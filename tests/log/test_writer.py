@@ -652,7 +652,7 @@ def test_slow_inline_fsyncs_go_to_the_thread_and_a_quick_try_brings_them_back(
 
     for _ in range(20):  # quick: 0.1 ms each, far under the 2 ms limit
         inline_turn()
-    disk.seconds = 0.010
+    disk.seconds = 0.009
     inline_turn()
     inline_turn()  # two slow ones among quick ones: the average is under 2 ms
     assert writer.fsync_allowed()
@@ -664,17 +664,24 @@ def test_slow_inline_fsyncs_go_to_the_thread_and_a_quick_try_brings_them_back(
     disk.now += 0.9
     thread_turn()  # still within the first second
     disk.now += 0.2
-    inline_turn()  # one try: still slow, so back to the thread for twice as long
+    inline_turn()  # a try: the average starts at 1 ms, one slow fsync does not end it
+    inline_turn()  # two do: back to the thread, for twice as long
     assert not writer.fsync_allowed()
     disk.now += 1.5
     thread_turn()
     disk.now += 0.6
-    disk.seconds = 0.0001  # quick again: the next try brings the loop's fsyncs back
-    inline_turn()
-    assert writer.fsync_allowed() and writer.statistics().fsync_inline
+    disk.seconds = 0.0001  # quick again: the next try stays
+    for _ in range(20):
+        inline_turn()
+    assert writer.statistics().fsync_inline
+    disk.seconds = 0.009  # slow again after a settled while: the wait is 1 s again
+    for _ in range(3):
+        inline_turn()
+    assert not writer.fsync_allowed()
+    disk.now += 1.0
     inline_turn()
     stats = writer.statistics()
-    assert (stats.inline_fsyncs, stats.fsyncs - stats.inline_fsyncs) == (26, 3)
+    assert (stats.inline_fsyncs, stats.fsyncs - stats.inline_fsyncs) == (49, 3)
     writer.close()
     assert [r.payload for r in log.read(0, 0, max_bytes=10**6)] == [
         b"x:%d" % i for i in range(offset)]

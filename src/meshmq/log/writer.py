@@ -27,8 +27,8 @@ GIL hand-over twice, the loop's wake-up) against 0.06 to 0.13 ms for the fsync i
 event loop fsyncs inline while the disk is quick. While it does, every connection of the loop
 waits for the disk, so ``fsync_allowed()`` asks an ``InlineGuard`` (log/inline_guard.py): a
 moving average of the inline fsyncs over ``inline_fsync_slow_ms`` (default 2 ms) sends the
-``always`` batches to this thread again, and a single inline fsync tried after a backoff (1 s
-to 16 s) brings them back once it is quick. ``inline_fsync_slow_ms=0``: never inline.
+``always`` batches to this thread again, and inline fsyncs are tried again after a wait (1 s,
+doubled after each failed try up to 16 s). ``inline_fsync_slow_ms=0``: never inline.
 
 Fsync policies (what a completed request promises):
 
