@@ -14,7 +14,7 @@ partition, go to the log together:
   commit by loop turn); the turn completes at once, in the same loop turn. Fsyncing on the
   loop stalls every connection of it for the fsync, so it holds only while the writer says
   fsyncs are quick (``LogWriter.fsync_allowed``: a moving average under
-  ``log.fsync_inline_max_ms``, 2 ms, and one try after a backoff to come back;
+  ``log.fsync_inline_max_ms``, 2 ms, tried again after a wait once it was over;
   log/inline_guard.py);
 * otherwise (slow fsyncs and ``always`` in the turn, a segment to roll, earlier turns still
   in the writer) they go to the ``LogWriter`` thread in one submission (what ``write_now``
@@ -204,6 +204,7 @@ class Persistence(LogAccess):
             # Fsyncs are quick (again) but earlier turns are still in the writer: this turn
             # would complete after them anyway, so it keeps gathering until they are back and
             # then goes to the log here (_drain), instead of into the writer's next group.
+            # (Its records keep the timestamp of the turn that started it.)
             self._held = True
             return
         self._entries, self._batches, self._open = [], [], {}

@@ -22,10 +22,12 @@ writes (group commit by loop turn: everything the turn gathered shares the fsync
 file): a batch that would roll is left for the thread, with the later batches of its partition.
 
 Fsync on the caller's thread, and its guard. Handing an ``always`` batch to this thread and
-back cost about 0.4 ms per turn on the benchmark machine (the queue, the thread's wake-up, the
-GIL hand-over twice, the loop's wake-up) against 0.06 to 0.13 ms for the fsync itself, so an
-event loop fsyncs inline while the disk is quick. While it does, every connection of the loop
-waits for the disk, so ``fsync_allowed()`` asks an ``InlineGuard`` (log/inline_guard.py): a
+back costs the queue, the thread's wake-up, the GIL hand-over twice and the loop's wake-up
+(some tens of µs in-process on the benchmark machine, more when the loop is busy and the
+thread waits for the GIL), on top of the fsync; so an event loop fsyncs inline while the
+disk is quick, and gives up the overlap of its own work with the fsync that the thread
+allows. While it does, every connection of the loop waits for the disk, so
+``fsync_allowed()`` asks an ``InlineGuard`` (log/inline_guard.py): a
 moving average of the inline fsyncs over ``inline_fsync_slow_ms`` (default 2 ms) sends the
 ``always`` batches to this thread again, and inline fsyncs are tried again after a wait (1 s,
 doubled after each failed try up to 16 s). ``inline_fsync_slow_ms=0``: never inline.
