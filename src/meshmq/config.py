@@ -96,6 +96,7 @@ class LogSettings:
     fsync: str = "always"
     fsync_interval_ms: int = 1000
     fsync_rules: str = ""
+    fsync_inline_max_ms: int = 2
     partitions: int = 8
     key_level: int = -1
     segment_bytes: int = 64 * 1024 * 1024
@@ -648,6 +649,9 @@ _KEYS: dict[str, _Key] = {
     "log.fsync_rules": _Key(
         str, None, "per-topic fsync policies, first match wins, e.g. \"telemetry/#=interval,"
         " cmd/#=always\"; topics matching none use log.fsync", _check_fsync_rules),
+    "log.fsync_inline_max_ms": _Key(
+        int, (0, 60_000), "fsync always on the event loop while those fsyncs average under this"
+        " (ms), else on the log writer thread; 0 = always on the thread"),
     "log.partitions": _Key(
         int, (1, 65536), "partitions of a new log (fixed once the log exists)"),
     "log.key_level": _Key(

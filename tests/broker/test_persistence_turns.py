@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from meshmq.broker.persistence import Persistence
 from meshmq.config import LogSettings
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.record import read_batch_header
+from meshmq.log.writer import LogWriter
 from meshmq.mqtt.reason_codes import ReasonCode
 
 WAIT = 10.0
@@ -194,3 +196,116 @@ def test_a_record_the_log_cannot_hold_is_refused_alone(tmp_path: Path) -> None:
     refused = outcomes[1][1]
     assert isinstance(refused, Refused)
     assert refused.reason_code == ReasonCode.UNSPECIFIED_ERROR
+
+
+class SlowDisk:
+    """An fsync whose duration the test chooses, seen through the writer's injected clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.seconds = 0.0001
+
+        self.thread_gate = threading.Event()  # the writer thread's fsyncs wait for it
+        self.thread_gate.set()
+
+    def fsync(self, fd: int) -> None:
+        if threading.current_thread().name == "meshmq-log-writer":
+            assert self.thread_gate.wait(WAIT)
+        os.fsync(fd)
+        self.now += self.seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_fsync_always_completes_in_the_turn_and_uses_the_thread_while_fsyncs_are_slow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = SlowDisk()
+    monkeypatch.setattr(persistence_module, "CommitLog", partial(CommitLog, fsync=disk.fsync))
+    monkeypatch.setattr(persistence_module, "LogWriter",
+                        partial(LogWriter, fsync_clock=disk.clock))
+    topics = [f"t/{i}" for i in range(6)]
+
+    async def main() -> list[AppendOutcome]:
+        persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
+                                  asyncio.get_running_loop())
+        writer = persistence.writer
+        outcomes: list[AppendOutcome] = []
+        # Quick fsyncs: each turn is written, fsynced and completed in that same loop turn.
+        for turn in range(5):
+            for topic in topics:
+                assert persistence.append(publish(topic, turn), "pub", outcomes.append)
+            await asyncio.sleep(0)  # the end of the turn runs
+            assert len(outcomes) == 6 * (turn + 1)
+        stats = writer.statistics()
+        assert (stats.groups, stats.inline_fsyncs, stats.fsyncs) == (0, 5, 5)
+        disk.seconds = 0.025  # 50 ms for a turn's two partitions: one is enough
+        outcomes += [o for _, o in await run_turns(persistence, [topics])]
+        assert not writer.statistics().fsync_inline
+        outcomes += [o for _, o in await run_turns(persistence, [topics] * 3)]
+        stats = writer.statistics()
+        assert stats.groups >= 1 and stats.inline_fsyncs == 6
+        disk.seconds = 0.0001
+        disk.now += 1.0  # the backoff ran out: the next turn tries inline, and stays
+        groups = writer.statistics().groups
+        outcomes += [o for _, o in await run_turns(persistence, [topics] * 2)]
+        stats = writer.statistics()
+        assert (stats.groups, stats.inline_fsyncs, stats.fsync_inline) == (groups, 8, True)
+        persistence.close()
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(o, Stored) for o in outcomes)
+    for partition in (0, 1):  # dense offsets, completed in publish order in every mode
+        offsets = [o.offset for o in outcomes if o.partition == partition]  # type: ignore[union-attr]
+        assert offsets == list(range(len(offsets))) and offsets
+
+
+def test_turns_behind_the_writer_gather_and_go_inline_once_it_is_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Coming back from the writer thread under load: turns that end while an earlier turn
+    is still in the writer keep gathering, then are written and fsynced on the loop as one."""
+    disk = SlowDisk()
+    monkeypatch.setattr(persistence_module, "CommitLog", partial(CommitLog, fsync=disk.fsync))
+    monkeypatch.setattr(persistence_module, "LogWriter",
+                        partial(LogWriter, fsync_clock=disk.clock))
+
+    async def main() -> list[tuple[int, AppendOutcome]]:
+        persistence = Persistence(LogSettings(fsync="always", partitions=1), str(tmp_path),
+                                  asyncio.get_running_loop())
+        writer = persistence.writer
+        loop = asyncio.get_running_loop()
+        outcomes: list[tuple[int, AppendOutcome]] = []
+        finished = loop.create_future()
+
+        def done(n: int, outcome: AppendOutcome) -> None:
+            outcomes.append((n, outcome))
+            if len(outcomes) == 9:
+                finished.set_result(None)
+
+        def turn(first: int) -> None:
+            for n in range(first, first + 3):
+                assert persistence.append(publish("t", n), "pub", partial(done, n))
+
+        disk.seconds = 0.050
+        turn(0)
+        await asyncio.sleep(0)  # inline, and too slow: the next turns go to the thread
+        assert not writer.statistics().fsync_inline and len(outcomes) == 3
+        disk.thread_gate.clear()
+        turn(3)
+        await asyncio.sleep(0)  # to the writer thread, which waits in its fsync
+        disk.seconds = 0.0001
+        disk.now += 1.0  # the backoff ran out: fsyncs may be tried on the loop again
+        turn(6)
+        await asyncio.sleep(0)  # held: the turn before it is still in the writer
+        assert len(outcomes) == 3 and persistence._held
+        disk.thread_gate.set()
+        await asyncio.wait_for(finished, WAIT)
+        stats = writer.statistics()
+        assert (stats.groups, stats.inline_fsyncs, stats.fsync_inline) == (1, 2, True)
+        persistence.close()
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert [n for n, _ in outcomes] == list(range(9))
+    assert [o.offset for _, o in outcomes] == list(range(9))  # type: ignore[union-attr]

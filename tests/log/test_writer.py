@@ -571,3 +571,199 @@ def test_write_now_leaves_the_later_batches_of_a_partition_that_must_roll(
     assert [r.payload for r in log.read(0, 0, max_bytes=10**6)] == [
         b"a:%d" % i for i in range(41)]
     log.close()
+
+
+def test_write_now_fsyncs_always_batches_on_the_callers_thread_once_per_partition(
+        tmp_path: Path) -> None:
+    """Group commit by loop turn: one write and one fsync per partition, on the calling
+    thread, before write_now returns; the offsets follow the batches' order."""
+    synced: list[tuple[str, int, int]] = []  # thread, inode, file size when fsynced
+
+    def recording_fsync(fd: int) -> None:
+        status = os.fstat(fd)
+        os.fsync(fd)
+        synced.append((threading.current_thread().name, status.st_ino, status.st_size))
+
+    log = CommitLog(tmp_path, LogConfig(partitions=3), fsync=recording_fsync)
+    synced.clear()
+    with LogWriter(log, fsync_policy="always") as writer:
+        assert writer.fsync_allowed()
+        for turn in range(3):
+            batches = [batch_of(0, FsyncPolicy.ALWAYS, f"a{turn}", 0, 4),
+                       batch_of(1, FsyncPolicy.ALWAYS, f"b{turn}", 0, 2),
+                       batch_of(0, FsyncPolicy.INTERVAL, f"c{turn}", 0, 3),
+                       batch_of(2, FsyncPolicy.NEVER, f"d{turn}", 0, 1)]
+            assert writer.write_now(batches) == []
+            assert [(b.error, b.base_offset) for b in batches] == [
+                (None, 7 * turn), (None, 2 * turn), (None, 7 * turn + 4), (None, turn)]
+            # Partitions 0 and 1 fsynced once each, covering every byte written to them.
+            this_turn = synced[2 * turn:]
+            assert len(this_turn) == 2
+            assert {name for name, _, _ in this_turn} == {threading.current_thread().name}
+            sizes = {os.stat(log.partition(p).active_segment.log_path).st_ino:
+                     os.stat(log.partition(p).active_segment.log_path).st_size for p in (0, 1)}
+            assert {inode: size for _, inode, size in this_turn} == sizes
+        stats = writer.statistics()
+        assert (stats.groups, stats.fsyncs, stats.inline_fsyncs) == (0, 3, 3)
+        assert stats.appended == 30
+    assert [r.payload for r in log.read(0, 0)] == [
+        f"{label}{turn}:{i}".encode() for turn in range(3)
+        for label, count in (("a", 4), ("c", 3)) for i in range(count)]
+    log.close()
+
+
+class SlowDisk:
+    """An fsync whose duration the test chooses, seen through an injected clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.seconds = 0.0001  # each fsync "takes" this long
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+        self.now += self.seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_slow_inline_fsyncs_go_to_the_thread_and_a_quick_try_brings_them_back(
+        tmp_path: Path) -> None:
+    disk = SlowDisk()
+    log = CommitLog(tmp_path, LogConfig(partitions=1), fsync=disk.fsync)
+    writer = LogWriter(log, fsync_policy="always", fsync_clock=disk.clock)
+    outcomes: queue.Queue = queue.Queue()
+    offset = 0
+
+    def inline_turn() -> None:
+        nonlocal offset
+        assert writer.fsync_allowed()
+        batch = batch_of(0, FsyncPolicy.ALWAYS, "x", offset, 1)
+        assert writer.write_now([batch]) == [] and batch.base_offset == offset
+        offset += 1
+
+    def thread_turn() -> None:
+        nonlocal offset
+        assert not writer.fsync_allowed()
+        writer.submit_batches([batch_of(0, FsyncPolicy.ALWAYS, "x", offset, 1)], outcomes.put)
+        [batch] = outcomes.get(timeout=WAIT)
+        assert batch.error is None and batch.base_offset == offset
+        offset += 1
+
+    for _ in range(20):  # quick: 0.1 ms each, far under the 2 ms limit
+        inline_turn()
+    disk.seconds = 0.009
+    inline_turn()
+    inline_turn()  # two slow ones among quick ones: the average is under 2 ms
+    assert writer.fsync_allowed()
+    inline_turn()  # a third in a row: over it
+    assert not writer.fsync_allowed()
+    stats = writer.statistics()
+    assert (stats.inline_fsyncs, stats.fsyncs, stats.fsync_inline) == (23, 23, False)
+    thread_turn()  # the slow disk now stalls only what waits for it, on the thread
+    disk.now += 0.9
+    thread_turn()  # still within the first second
+    disk.now += 0.2
+    inline_turn()  # a try: the average starts at 1 ms, one slow fsync does not end it
+    inline_turn()  # two do: back to the thread, for twice as long
+    assert not writer.fsync_allowed()
+    disk.now += 1.5
+    thread_turn()
+    disk.now += 0.6
+    disk.seconds = 0.0001  # quick again: the next try stays
+    for _ in range(20):
+        inline_turn()
+    assert writer.statistics().fsync_inline
+    disk.seconds = 0.009  # slow again after a settled while: the wait is 1 s again
+    for _ in range(3):
+        inline_turn()
+    assert not writer.fsync_allowed()
+    disk.now += 1.0
+    inline_turn()
+    stats = writer.statistics()
+    assert (stats.inline_fsyncs, stats.fsyncs - stats.inline_fsyncs) == (49, 3)
+    writer.close()
+    assert [r.payload for r in log.read(0, 0, max_bytes=10**6)] == [
+        b"x:%d" % i for i in range(offset)]
+    log.close()
+
+
+def test_never_inline_when_the_limit_is_zero(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path, LogConfig(partitions=1))
+    with LogWriter(log, fsync_policy="always", inline_fsync_slow_ms=0) as writer:
+        assert not writer.fsync_allowed()
+        writer.submit_batches([batch_of(0, FsyncPolicy.ALWAYS, "x", 0, 1)], lambda b: None)
+    assert not writer.statistics().fsync_inline
+    log.close()
+
+
+def test_an_inline_fsync_failure_fails_that_write_and_everything_after(
+        tmp_path: Path) -> None:
+    failing = threading.Event()
+
+    def flaky_fsync(fd: int) -> None:
+        if failing.is_set():
+            raise OSError(errno.EIO, "I/O error")
+        os.fsync(fd)
+
+    log = CommitLog(tmp_path, LogConfig(partitions=2), fsync=flaky_fsync)
+    writer = LogWriter(log, fsync_policy="always")
+    first = [batch_of(0, FsyncPolicy.ALWAYS, "a", 0, 2), batch_of(1, FsyncPolicy.INTERVAL,
+                                                                 "b", 0, 2)]
+    assert writer.write_now(first) == [] and [b.error for b in first] == [None, None]
+    failing.set()
+    second = [batch_of(0, FsyncPolicy.ALWAYS, "a", 2, 2), batch_of(1, FsyncPolicy.NEVER,
+                                                                  "b", 2, 2)]
+    assert writer.write_now(second) == []
+    assert all(isinstance(b.error, LogError) for b in second)  # none is durable, nor trusted
+    assert writer.statistics().failed
+    failing.clear()  # the disk "recovers", but the writer must not trust it again
+    later = batch_of(1, FsyncPolicy.NEVER, "c", 0, 1)
+    assert writer.write_now([later]) == [] and isinstance(later.error, LogError)
+    outcomes: queue.Queue = queue.Queue()
+    writer.submit_batches([batch_of(0, FsyncPolicy.ALWAYS, "d", 0, 1)], outcomes.put)
+    [on_thread] = outcomes.get(timeout=WAIT)
+    assert isinstance(on_thread.error, LogError)
+    callbacks = Callbacks()
+    callbacks.expected = 1
+    writer.submit(record("e", 0), callbacks.for_label(0))
+    assert callbacks.all_done.wait(WAIT)
+    assert isinstance(callbacks.outcomes[0][0], LogError)
+    writer.close()
+    log.close()
+
+
+def test_an_always_batch_that_must_roll_is_left_for_the_thread_which_seals_durably(
+        tmp_path: Path) -> None:
+    synced: dict[int, int] = {}  # inode -> file size when it was last fsynced
+
+    def recording_fsync(fd: int) -> None:
+        status = os.fstat(fd)
+        os.fsync(fd)
+        synced[status.st_ino] = status.st_size
+
+    log = CommitLog(tmp_path, LogConfig(partitions=2, segment_bytes=2_000),
+                    fsync=recording_fsync)
+    writer = LogWriter(log, fsync_policy="always")
+    assert writer.write_now([batch_of(0, FsyncPolicy.ALWAYS, "a", 0, 10)]) == []
+    big = batch_of(0, FsyncPolicy.ALWAYS, "a", 10, 30)  # with the 10 above, over 2 KB: roll
+    small = batch_of(0, FsyncPolicy.ALWAYS, "a", 40, 1)
+    other = batch_of(1, FsyncPolicy.ALWAYS, "b", 0, 1)
+    assert writer.write_now([big, other, small]) == [big, small]
+    assert log.next_offset(0) == 10 and other.base_offset == 0 and other.error is None
+    other_file = os.stat(log.partition(1).active_segment.log_path)
+    assert synced[other_file.st_ino] == other_file.st_size  # fsynced inline
+    assert writer.statistics().inline_fsyncs == 2
+    outcomes: queue.Queue = queue.Queue()
+    writer.submit_batches([big, small], outcomes.put)
+    assert outcomes.get(timeout=WAIT) == [big, small]
+    assert (big.error, small.error, big.base_offset, small.base_offset) == (None, None, 10, 40)
+    segments = sorted((tmp_path / "log" / "0").glob("*.log"))
+    assert len(segments) == 2
+    for path in segments:  # the sealed one by the roll, the new one for ``always``
+        status = os.stat(path)
+        assert synced[status.st_ino] == status.st_size
+    writer.close()
+    assert [r.payload for r in log.read(0, 0, max_bytes=10**6)] == [
+        b"a:%d" % i for i in range(41)]
+    log.close()

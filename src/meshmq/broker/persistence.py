@@ -8,14 +8,23 @@ and returns; the outcome is typed (``Stored``, ``Refused``: broker/interfaces.py
 later. At the end of the turn (one ``call_soon`` per turn) the turn's batches, one per
 partition, go to the log together:
 
-* when every batch of the turn waits for no fsync (``interval``, ``never``) and nothing
-  handed to the writer thread is still pending, they are written here (``write_now``: a
-  page-cache write, no fsync, never a roll) and the turn completes at once;
-* otherwise (``always``, a segment to roll, earlier turns still in the writer) they go to the
-  ``LogWriter`` thread in one submission; when it has made them as durable as the fsync
-  policy promises it calls back on its own thread, and completions are queued and delivered
-  to the event loop in one ``call_soon_threadsafe`` per burst (a deque append and a flag
-  test: see ``_written``).
+* when nothing handed to the writer thread is still pending, they are written here
+  (``write_now``: one page-cache write per partition, never a roll), and the partitions
+  holding ``always`` batches are fsynced here too, once each, after all the writes (group
+  commit by loop turn); the turn completes at once, in the same loop turn. Fsyncing on the
+  loop stalls every connection of it for the fsync, so it holds only while the writer says
+  fsyncs are quick (``LogWriter.fsync_allowed``: a moving average under
+  ``log.fsync_inline_max_ms``, 2 ms, tried again after a wait once it was over;
+  log/inline_guard.py);
+* otherwise (slow fsyncs and ``always`` in the turn, a segment to roll, earlier turns still
+  in the writer) they go to the ``LogWriter`` thread in one submission (what ``write_now``
+  wrote already is not written again); when it has made them as durable as the fsync policy
+  promises it calls back on its own thread, and completions are queued and delivered to the
+  event loop in one ``call_soon_threadsafe`` per burst (a deque append and a flag test: see
+  ``_written``). When fsyncs may run on the loop (again) while turns are still in the writer,
+  the publishes of the turns after them keep gathering in one turn, which goes to the log on
+  the loop once the writer's turns are back (they would have completed after those anyway):
+  so the loop's fsyncs come back even under a load that never lets the writer go idle.
 
 Turns complete in the order they were appended, and each turn's publishes in their order, so
 the broker routes the message and sends PUBACK/PUBREC only in that callback, and:
@@ -107,6 +116,7 @@ class Persistence(LogAccess):
         self.writer = LogWriter(
             self.commit_log, fsync_policy=settings.fsync,
             fsync_interval_ms=settings.fsync_interval_ms, queue_size=settings.queue_size,
+            inline_fsync_slow_ms=settings.fsync_inline_max_ms,
         )
         self.queue_size = settings.queue_size
         self._default_policy = FsyncPolicy(settings.fsync)
@@ -118,6 +128,7 @@ class Persistence(LogAccess):
         self._in_writer = 0  # turns handed to the writer thread and not completed yet
         self._done: deque[list[_Entry]] = deque()  # turns the writer completed
         self._scheduled = False
+        self._held = False  # the turn's publishes wait for the writer's turns: see _end_turn
         self._policies: dict[str, FsyncPolicy | None] = {}
         # Per partition, the offset after the last record routed to subscribers (catchup.py).
         if high_watermark is None:
@@ -182,14 +193,22 @@ class Persistence(LogAccess):
         return taken
 
     def _end_turn(self) -> None:
-        """This turn's batches go to the log: written here when nothing waits for an fsync,
-        else handed to the writer thread (see the module docstring)."""
+        """This turn's batches go to the log: written (and fsynced) here while fsyncs are
+        quick or none is needed, else handed to the writer thread (see the module
+        docstring)."""
         entries, batches = self._entries, self._batches
-        self._entries, self._batches, self._open = [], [], {}
         if not entries:
             return
-        if not self._in_writer and not any(
-                batch.policy is FsyncPolicy.ALWAYS for batch in batches):
+        always = any(batch.policy is FsyncPolicy.ALWAYS for batch in batches)
+        if self._in_writer and always and self.writer.fsync_allowed():
+            # Fsyncs are quick (again) but earlier turns are still in the writer: this turn
+            # would complete after them anyway, so it keeps gathering until they are back and
+            # then goes to the log here (_drain), instead of into the writer's next group.
+            # (Its records keep the timestamp of the turn that started it.)
+            self._held = True
+            return
+        self._entries, self._batches, self._open = [], [], {}
+        if not self._in_writer and (not always or self.writer.fsync_allowed()):
             try:
                 batches = self.writer.write_now(batches)
             except LogClosed as exc:
@@ -270,6 +289,9 @@ class Persistence(LogAccess):
             entries = done.popleft()
             self._in_writer -= 1
             self._complete(entries)
+        if self._held and not self._in_writer:
+            self._held = False
+            self._end_turn()
 
     def close(self) -> None:
         """Write this turn's appends (their completions are dropped), finish the writer's

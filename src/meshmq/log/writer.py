@@ -13,10 +13,24 @@ fsync policy, and then calls the ``done`` callbacks in the order the work was su
 **on the writer thread**. An asyncio caller queues what it gets and wakes its loop once
 (``on_group_done``, or a flag: broker/persistence.py).
 
-``write_now(batches)`` appends batches that wait for no fsync (``interval`` and ``never``) on
-the calling thread instead: a page-cache write and nothing else, so an event loop completes
-them in the same turn without a round trip through this thread. It never fsyncs: a batch that
-would roll its partition's segment (which fsyncs the sealed one) is left for the thread.
+``write_now(batches)`` appends batches on the calling thread instead, one write per
+partition, so an event loop completes them in the same turn without a round trip through this
+thread. Batches that wait for no fsync (``interval``, ``never``) cost a page-cache write and
+nothing else. Batches under ``always`` are fsynced there too, once per partition after all the
+writes (group commit by loop turn: everything the turn gathered shares the fsync), before
+``write_now`` returns. It never rolls a segment (a roll fsyncs the sealed one and creates a
+file): a batch that would roll is left for the thread, with the later batches of its partition.
+
+Fsync on the caller's thread, and its guard. Handing an ``always`` batch to this thread and
+back costs the queue, the thread's wake-up, the GIL hand-over twice and the loop's wake-up
+(some tens of µs in-process on the benchmark machine, more when the loop is busy and the
+thread waits for the GIL), on top of the fsync; so an event loop fsyncs inline while the
+disk is quick, and gives up the overlap of its own work with the fsync that the thread
+allows. While it does, every connection of the loop waits for the disk, so
+``fsync_allowed()`` asks an ``InlineGuard`` (log/inline_guard.py): a
+moving average of the inline fsyncs over ``inline_fsync_slow_ms`` (default 2 ms) sends the
+``always`` batches to this thread again, and inline fsyncs are tried again after a wait (1 s,
+doubled after each failed try up to 16 s). ``inline_fsync_slow_ms=0``: never inline.
 
 Fsync policies (what a completed request promises):
 
@@ -35,10 +49,13 @@ broker chooses by topic pattern). A group fsyncs the partitions holding ``always
 before completing any of its requests; partitions written only by ``interval`` records join
 the timed set (so do those ``write_now`` wrote).
 
-After an fsync fails the state of the page cache is unknown, so the writer stops accepting
-work: that group's requests and every later one fail with ``LogError``. Retention, rolls and
-fsyncs run on this thread (retention every ``retention_check_interval_ms``); the only other
-mutation, ``write_now``'s append, takes the partition's locks like any other.
+After an fsync fails (here or in ``write_now``) the state of the page cache is unknown, so
+the writer stops accepting work: that group's requests (the batches of that ``write_now``) and
+every later one fail with ``LogError``. Retention, rolls and the interval's fsyncs run on this
+thread (retention every ``retention_check_interval_ms``); the only other mutations,
+``write_now``'s append and fsync, take the partition's locks like any other (an fsync holds
+none: ``Partition.flush`` fsyncs a duplicate of the descriptor), and the counters both threads
+update take ``_stats_lock``.
 
 ``done`` must be quick and must not raise (exceptions are logged and swallowed). A ``done``
 that submits more work must use ``submit_nowait``: blocking the writer thread on its own full
@@ -61,6 +78,7 @@ from typing import ClassVar, NamedTuple
 
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.errors import LogClosed, LogError
+from meshmq.log.inline_guard import InlineGuard
 from meshmq.log.record import BatchBuilder, Record
 
 log = logging.getLogger("meshmq.log")
@@ -203,6 +221,8 @@ class WriterStatistics:
     appended_bytes: int = 0  # payload bytes of the appended records
     fsync_buckets: tuple[int, ...] = ()  # fsyncs per FSYNC_BUCKETS bucket (not cumulative)
     fsync_seconds: float = 0.0  # the time all fsyncs took
+    inline_fsyncs: int = 0  # of ``fsyncs``, those ``write_now`` made on its caller's thread
+    fsync_inline: bool = False  # are ``always`` batches fsynced inline (write_now) now?
 
 
 class LogWriter:
@@ -212,10 +232,15 @@ class LogWriter:
                  fsync_interval_ms: int = 1000, queue_size: int = 10_000,
                  max_group_records: int = 10_000,
                  retention_check_interval_ms: int = 300_000,
-                 on_group_done: Callable[[], None] | None = None) -> None:
+                 on_group_done: Callable[[], None] | None = None,
+                 inline_fsync_slow_ms: float = 2.0,
+                 fsync_clock: Callable[[], float] = time.monotonic) -> None:
         """Start the writer thread. ``on_group_done`` (optional) runs on the writer thread after
         each group's callbacks: an event loop can have the callbacks append to a deque and
         wake itself once per group here, instead of one ``call_soon_threadsafe`` per record.
+        ``inline_fsync_slow_ms``: the average inline fsync above which ``fsync_allowed()``
+        turns False for a while (0: never inline); ``fsync_clock`` times the fsyncs and the
+        backoff (seconds; tests inject one).
         """
         self.log = commit_log
         self.on_group_done = on_group_done
@@ -235,6 +260,10 @@ class LogWriter:
         self._now_counts = [0, 0]  # records and payload bytes write_now appended
         self._fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)  # written by the writer thread
         self._fsync_seconds = 0.0
+        self._inline_fsyncs = 0
+        self._stats_lock = threading.Lock()  # fsync counters: write_now's and the thread's
+        self._fsync_clock = fsync_clock
+        self._guard = InlineGuard(inline_fsync_slow_ms / 1000, fsync_clock)
         self._thread = threading.Thread(target=self._run, name="meshmq-log-writer", daemon=True)
         self._thread.start()
 
@@ -286,44 +315,57 @@ class LogWriter:
         ``close()``."""
         self._enqueue(_Submission(batches, done, sum(b.count for b in batches)), False, None)
 
+    def fsync_allowed(self) -> bool:
+        """May the caller give ``write_now`` batches under ``always`` now (fsyncs are quick)?
+        For the one thread that calls ``write_now``."""
+        return self._guard.allows()
+
     def write_now(self, batches: Sequence[AppendBatch]) -> list[AppendBatch]:
-        """Append ``batches`` on the calling thread, to the OS page cache: for batches whose
-        policy (``interval``, ``never``) waits for no fsync, from the one thread that submits
-        (the caller keeps them in order with its submissions). Returns those not appended
-        because their partition's segment must roll first, and the later ones of the same
-        partition (so that its offsets keep their order): submit them. A partition whose
-        append fails gets its batch's ``error`` set (every batch's, once an fsync failed).
-        Raises ``LogClosed`` after ``close()``."""
+        """Append ``batches`` on the calling thread, one write per partition, from the one
+        thread that submits (the caller keeps them in order with its submissions), and fsync
+        the partitions of the ``always`` batches before returning (call it with those only
+        when ``fsync_allowed()`` says so: the caller waits for the disk). Returns those not
+        appended because their partition's segment must roll first, with the other batches of
+        that partition (so that its offsets keep their order), in their order: submit them. A
+        partition whose append fails gets its batches' ``error`` set; once an fsync failed
+        (here or on the thread), every batch's. Raises ``LogClosed`` after ``close()``."""
         if self._closed:
             raise LogClosed("the log writer is closed")
-        failure = self._failure
-        left: list[AppendBatch] = []
-        waiting: set[int] = set()  # partitions with a batch left for the writer thread
-        dirty: list[int] = []
-        for batch in batches:
-            if failure is not None:
-                batch.error = failure
-                continue
-            assert batch.policy is not FsyncPolicy.ALWAYS, "always batches wait for an fsync"
-            if batch.partition in waiting:
-                left.append(batch)
-                continue
-            try:
-                if not self.log.append_built(batch.partition, (batch,), roll=False):
-                    left.append(batch)
-                    waiting.add(batch.partition)
+        if self._failure is None:
+            by_partition: dict[int, list[AppendBatch]] = {}
+            for batch in batches:
+                if batch.error is None and batch.count:
+                    by_partition.setdefault(batch.partition, []).append(batch)
+            left: set[int] = set()  # partitions whose batches are left for the writer thread
+            synced: set[int] = set()
+            dirty: list[int] = []
+            for partition, group in by_partition.items():
+                try:
+                    if not self.log.append_built(partition, group, roll=False):
+                        left.add(partition)
+                        continue
+                except Exception as exc:  # this partition only; the others go ahead
+                    for batch in group:
+                        batch.error = exc
                     continue
-            except Exception as exc:
-                batch.error = exc
-                continue
-            counts = self._now_counts
-            counts[0] += batch.count
-            counts[1] += batch.payload_bytes
-            if batch.policy is FsyncPolicy.INTERVAL:
-                dirty.append(batch.partition)
-        if dirty:
-            self._mark_dirty(dirty)
-        return left
+                counts = self._now_counts
+                for batch in group:
+                    counts[0] += batch.count
+                    counts[1] += batch.payload_bytes
+                    if batch.policy is FsyncPolicy.ALWAYS:
+                        synced.add(partition)
+                    elif batch.policy is FsyncPolicy.INTERVAL:
+                        dirty.append(partition)
+            if synced:
+                self._sync(synced, timed=False, inline=True)
+            if self._failure is None:
+                if dirty:
+                    self._mark_dirty(dirty)
+                return [batch for batch in batches if batch.partition in left]
+        failure = self._failure  # nothing written since it failed is trusted, nor left
+        for batch in batches:
+            batch.error = failure
+        return []
 
     def _mark_dirty(self, partitions: list[int]) -> None:
         with self._dirty_lock:
@@ -355,10 +397,12 @@ class LogWriter:
 
     def statistics(self) -> WriterStatistics:
         counts, now_counts = self._counts, self._now_counts
-        return WriterStatistics(self._inbox.records, counts["appended"] + now_counts[0],
-                                counts["groups"], counts["fsyncs"], self._failure is not None,
-                                counts["appended_bytes"] + now_counts[1],
-                                tuple(self._fsync_buckets), self._fsync_seconds)
+        with self._stats_lock:
+            return WriterStatistics(
+                self._inbox.records, counts["appended"] + now_counts[0], counts["groups"],
+                counts["fsyncs"], self._failure is not None,
+                counts["appended_bytes"] + now_counts[1], tuple(self._fsync_buckets),
+                self._fsync_seconds, self._inline_fsyncs, self._guard.inline)
 
     def __enter__(self) -> LogWriter:
         return self
@@ -514,25 +558,29 @@ class LogWriter:
             except Exception:
                 log.exception("retention failed; will retry")
 
-    def _sync(self, partitions: set[int], timed: bool = True) -> None:
-        """fsync ``partitions``; ``timed``: this is the interval policy's periodic fsync."""
+    def _sync(self, partitions: set[int], timed: bool = True, inline: bool = False) -> None:
+        """fsync ``partitions``; ``timed``: this is the interval policy's periodic fsync (else
+        one for ``always``); ``inline``: on ``write_now``'s thread."""
         if partitions and self._failure is None:
-            started = time.monotonic()
+            clock = self._fsync_clock
+            started = clock()
             try:
                 self.log.flush(sorted(partitions))
             except Exception as exc:
                 log.exception("fsync failed; the log writer stops accepting work")
-                self._failure = LogError(f"log fsync failed: {exc}")
-                self._failure.__cause__ = exc
-            self._counts["fsyncs"] += 1
-            self._time_fsync(time.monotonic() - started)
+                failure = LogError(f"log fsync failed: {exc}")
+                failure.__cause__ = exc
+                self._failure = failure
+            elapsed = clock() - started
+            with self._stats_lock:
+                self._counts["fsyncs"] += 1
+                self._inline_fsyncs += inline
+                self._fsync_seconds += elapsed
+                self._fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS, elapsed)] += 1
+            if inline:
+                self._guard.note(elapsed)
         if timed:  # (an fsync for ``always`` leaves the dirty set alone: write_now may
             self._last_fsync = time.monotonic()  # have written since it started)
-
-    def _time_fsync(self, elapsed: float) -> None:
-        """Count one fsync in the latency histogram (read by the operations plane)."""
-        self._fsync_seconds += elapsed
-        self._fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS, elapsed)] += 1
 
     def _notify(self, request: _Request, outcome: AppendResult | BaseException) -> None:
         try:

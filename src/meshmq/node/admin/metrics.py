@@ -91,6 +91,9 @@ CATALOG: dict[str, Spec] = {
         "counter", "Payload bytes of the records appended to the commit log."),
     "meshmq_log_writer_queued": Spec("gauge", "Appends waiting for the log writer thread."),
     "meshmq_log_fsync_seconds": Spec("histogram", "Time one fsync of the commit log took."),
+    "meshmq_log_fsyncs_total": Spec(
+        "counter", "Fsyncs of the commit log, on the event loop (loop) or the writer thread"
+        " (thread).", ("path",)),
     "meshmq_log_high_watermark": Spec(
         "gauge", "Offset after the last record routed, per partition.", ("partition",)),
     "meshmq_log_earliest_offset": Spec(
