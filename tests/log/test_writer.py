@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,16 @@ class Callbacks:
                     self.all_done.set()
         return done
 
+
+
+def flaky_fsync(failing: threading.Event) -> Callable[[int], None]:
+    """``os.fsync``, failing with EIO once ``failing`` is set."""
+    def fsync(fd: int) -> None:
+        if failing.is_set():
+            raise OSError(errno.EIO, "I/O error")
+        os.fsync(fd)
+
+    return fsync
 
 def record(label: str, i: int) -> Record:
     return Record.new(f"devices/{i % 7}/t", f"{label}:{i}".encode(), T0 + i)
@@ -225,13 +236,7 @@ def test_submit_many_queues_what_fits_in_order_and_says_how_many(tmp_path: Path)
 
 def test_fsync_failure_fails_the_group_and_everything_after(tmp_path: Path) -> None:
     failing = threading.Event()
-
-    def flaky_fsync(fd: int) -> None:
-        if failing.is_set():
-            raise OSError(errno.EIO, "I/O error")
-        os.fsync(fd)
-
-    log = CommitLog(tmp_path, LogConfig(partitions=1), fsync=flaky_fsync)
+    log = CommitLog(tmp_path, LogConfig(partitions=1), fsync=flaky_fsync(failing))
     callbacks = Callbacks()
     callbacks.expected = 1
     writer = LogWriter(log, fsync_policy="always")
@@ -500,13 +505,8 @@ def test_write_now_writes_on_the_callers_thread_and_the_interval_fsyncs_later(
 def test_write_now_never_rolls_and_fails_everything_once_an_fsync_failed(
         tmp_path: Path) -> None:
     failing = threading.Event()
-
-    def flaky_fsync(fd: int) -> None:
-        if failing.is_set():
-            raise OSError(errno.EIO, "I/O error")
-        os.fsync(fd)
-
-    log = CommitLog(tmp_path, LogConfig(partitions=1, segment_bytes=2_000), fsync=flaky_fsync)
+    log = CommitLog(tmp_path, LogConfig(partitions=1, segment_bytes=2_000),
+                    fsync=flaky_fsync(failing))
     writer = LogWriter(log, fsync_policy="interval", fsync_interval_ms=600_000)
     assert writer.write_now([batch_of(0, FsyncPolicy.INTERVAL, "a", 0, 10)]) == []
     big = batch_of(0, FsyncPolicy.INTERVAL, "a", 10, 30)  # with the 10 above, over 2 KB
@@ -700,13 +700,7 @@ def test_never_inline_when_the_limit_is_zero(tmp_path: Path) -> None:
 def test_an_inline_fsync_failure_fails_that_write_and_everything_after(
         tmp_path: Path) -> None:
     failing = threading.Event()
-
-    def flaky_fsync(fd: int) -> None:
-        if failing.is_set():
-            raise OSError(errno.EIO, "I/O error")
-        os.fsync(fd)
-
-    log = CommitLog(tmp_path, LogConfig(partitions=2), fsync=flaky_fsync)
+    log = CommitLog(tmp_path, LogConfig(partitions=2), fsync=flaky_fsync(failing))
     writer = LogWriter(log, fsync_policy="always")
     first = [batch_of(0, FsyncPolicy.ALWAYS, "a", 0, 2), batch_of(1, FsyncPolicy.INTERVAL,
                                                                  "b", 0, 2)]
