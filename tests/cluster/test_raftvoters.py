@@ -65,6 +65,16 @@ async def write_through(node: MetaNode, key: str, value: Any) -> None:
         await client.close()
 
 
+async def leave(node: MetaNode) -> None:
+    """``node``'s voter leaves the set (another voter removes it)."""
+    client = node.client()
+    await client.connect()
+    try:
+        assert "removed" in await client.leave()
+    finally:
+        await client.close()
+
+
 def test_a_node_joins_through_one_seed_restarts_leaves_and_comes_back(tmp_path: Path) -> None:
     async def run() -> None:
         with meta_nodes(tmp_path, 3) as nodes:
@@ -85,12 +95,7 @@ def test_a_node_joins_through_one_seed_restarts_leaves_and_comes_back(tmp_path: 
                 await write_through(newcomer, "after-restart", 3)
 
                 # it leaves: the others drop it, the majority is 2 of 3 again
-                client = newcomer.client()
-                await client.connect()
-                try:
-                    assert "removed" in await client.leave()
-                finally:
-                    await client.close()
+                await leave(newcomer)
                 await voters_everywhere(nodes, founders)
                 newcomer.stop()
                 await write_through(nodes[2], "after-leave", 4)
@@ -150,12 +155,7 @@ def test_the_raft_leader_leaves_by_handing_its_leadership_on(tmp_path: Path) -> 
     async def run() -> None:
         with meta_nodes(tmp_path, 3) as nodes:
             leader = await find_leader(nodes)
-            client = leader.client()
-            await client.connect()
-            try:
-                assert "removed" in await client.leave()
-            finally:
-                await client.close()
+            await leave(leader)
             rest = [node for node in nodes if node is not leader]
             await voters_everywhere(rest, {node.raft for node in rest})
             await write_through(rest[0], "after-the-leader-left", 1)

@@ -52,6 +52,16 @@ class Callbacks:
 
 
 
+def size_recording_fsync(synced: dict[int, int]) -> Callable[[int], None]:
+    """``os.fsync``, noting in ``synced`` each file's size (by inode) when it was fsynced."""
+    def fsync(fd: int) -> None:
+        status = os.fstat(fd)
+        os.fsync(fd)
+        synced[status.st_ino] = status.st_size
+
+    return fsync
+
+
 def flaky_fsync(failing: threading.Event) -> Callable[[int], None]:
     """``os.fsync``, failing with EIO once ``failing`` is set."""
     def fsync(fd: int) -> None:
@@ -101,17 +111,11 @@ def test_many_threads_every_callback_once_dense_ordered_offsets(tmp_path: Path) 
 
 def test_always_completes_only_after_the_partition_was_fsynced(tmp_path: Path) -> None:
     synced: dict[int, int] = {}  # inode -> file size when it was fsynced
-
-    def recording_fsync(fd: int) -> None:
-        size_before = os.fstat(fd)
-        os.fsync(fd)
-        synced[size_before.st_ino] = size_before.st_size
-
     # Groups of at most 50 records: at least 40 batches whatever the machine's load (a loaded
     # machine would otherwise group all 2,000 into one or two batches, and a batch never
     # splits across segments), so 8 KB segments roll several times.
     log = CommitLog(tmp_path, LogConfig(partitions=4, segment_bytes=8_000),
-                    fsync=recording_fsync)
+                    fsync=size_recording_fsync(synced))
     violations: list[str] = []
 
     def check(outcome: AppendResult | BaseException) -> None:
@@ -379,14 +383,8 @@ def test_event_loop_integration_with_one_wakeup_per_group(tmp_path: Path) -> Non
 def test_per_record_policy_overrides_the_writer_default(tmp_path: Path) -> None:
     """With the default ``never``, a record submitted with ``always`` completes only after its
     partition was fsynced; ``never`` records cause no fsync at all."""
-    synced: dict[int, int] = {}
-
-    def recording_fsync(fd: int) -> None:
-        size_before = os.fstat(fd)
-        os.fsync(fd)
-        synced[size_before.st_ino] = size_before.st_size
-
-    log = CommitLog(tmp_path, LogConfig(partitions=2), fsync=recording_fsync)
+    synced: dict[int, int] = {}  # inode -> file size when it was last fsynced
+    log = CommitLog(tmp_path, LogConfig(partitions=2), fsync=size_recording_fsync(synced))
     outcomes: queue.Queue = queue.Queue()
     with LogWriter(log, fsync_policy="never") as writer:
         writer.submit(Record.new("lazy/t", b"x", T0), outcomes.put)
@@ -433,14 +431,8 @@ def batch_of(partition: int, policy: FsyncPolicy, label: str, start: int,
 def test_submitted_batches_complete_in_order_after_the_fsync_always_needs(
         tmp_path: Path) -> None:
     synced: dict[int, int] = {}  # inode -> file size when it was fsynced
-
-    def recording_fsync(fd: int) -> None:
-        size_before = os.fstat(fd)
-        os.fsync(fd)
-        synced[size_before.st_ino] = size_before.st_size
-
     log = CommitLog(tmp_path, LogConfig(partitions=2, segment_bytes=8_000),
-                    fsync=recording_fsync)
+                    fsync=size_recording_fsync(synced))
     completed: list[tuple[int, list[tuple[int, int]]]] = []
     violations: list[str] = []
 
@@ -730,14 +722,8 @@ def test_an_inline_fsync_failure_fails_that_write_and_everything_after(
 def test_an_always_batch_that_must_roll_is_left_for_the_thread_which_seals_durably(
         tmp_path: Path) -> None:
     synced: dict[int, int] = {}  # inode -> file size when it was last fsynced
-
-    def recording_fsync(fd: int) -> None:
-        status = os.fstat(fd)
-        os.fsync(fd)
-        synced[status.st_ino] = status.st_size
-
     log = CommitLog(tmp_path, LogConfig(partitions=2, segment_bytes=2_000),
-                    fsync=recording_fsync)
+                    fsync=size_recording_fsync(synced))
     writer = LogWriter(log, fsync_policy="always")
     assert writer.write_now([batch_of(0, FsyncPolicy.ALWAYS, "a", 0, 10)]) == []
     big = batch_of(0, FsyncPolicy.ALWAYS, "a", 10, 30)  # with the 10 above, over 2 KB: roll

@@ -452,11 +452,7 @@ class RaftStore:
             future: asyncio.Future[tuple[int, Any, View | None]] = loop.create_future()
             self._running().removeNodeFromCluster(address, callback=functools.partial(
                 self._answered, loop, future, False))
-            try:
-                async with asyncio.timeout_at(deadline):
-                    code, _, _ = await future
-            except TimeoutError:
-                raise self._deadline_error(maybe_applied=True) from None
+            code, _, _ = await self._answer_by(future, deadline)
             if code == FAIL_REASON.SUCCESS:
                 return f"removed {address}"
             if loop.time() + RETRY_MAX >= deadline:
@@ -584,11 +580,7 @@ class RaftStore:
                 future: asyncio.Future[tuple[int, Any, View | None]] = loop.create_future()
                 self._replicated.apply(command.to_wire(), callback=functools.partial(
                     self._answered, loop, future, read))
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        code, answer, view = await future
-                except TimeoutError:
-                    raise self._deadline_error(maybe_applied=True) from None
+                code, answer, view = await self._answer_by(future, deadline)
                 if code == FAIL_REASON.SUCCESS:
                     ok, version, conflict = answer
                     return CasResult(ok, version, conflict), view
@@ -600,6 +592,15 @@ class RaftStore:
                 raise self._deadline_error(maybe_applied)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
+
+    async def _answer_by(self, future: asyncio.Future[tuple[int, Any, View | None]],
+                         deadline: float) -> tuple[int, Any, View | None]:
+        """pysyncobj's answer, or ``Timeout``/``NoQuorum`` at ``deadline`` (it may apply)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await future
+        except TimeoutError:
+            raise self._deadline_error(maybe_applied=True) from None
 
     def _answered(self, loop: asyncio.AbstractEventLoop,
                   future: asyncio.Future[tuple[int, Any, View | None]], read: bool,

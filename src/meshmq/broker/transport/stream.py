@@ -112,13 +112,7 @@ class StreamPoller:
                         stream._lose(exc)
                         continue
                     if data:
-                        if turn - stream._seen <= BUSY_GAP:
-                            stream._busy += 1
-                            if stream._busy == BUSY_AFTER:
-                                stream._promote()
-                        elif stream._busy > 0:
-                            stream._busy = 0
-                        stream._seen = turn
+                        stream._used(turn)
                         stream.protocol.data_received(data)  # type: ignore[union-attr]
                     else:
                         stream._eof()
@@ -248,10 +242,9 @@ class TcpStream(asyncio.Transport):
 
     # ------------------------------------------------------------------ asyncio.Transport
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.fd < 0 or self._shut or not data:
-            return
-        turn = self.poller.turn
+    def _used(self, turn: int) -> None:
+        """A read or a write in poller turn ``turn``: one more in a row if soon after the one
+        before; ``BUSY_AFTER`` in a row moves the stream to a uvloop transport."""
         if turn - self._seen <= BUSY_GAP:
             self._busy += 1
             if self._busy == BUSY_AFTER:
@@ -259,6 +252,11 @@ class TcpStream(asyncio.Transport):
         elif self._busy > 0:
             self._busy = 0
         self._seen = turn
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.fd < 0 or self._shut or not data:
+            return
+        self._used(self.poller.turn)
         out = self._out
         if out:  # behind what waits already
             out += data
