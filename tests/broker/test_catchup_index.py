@@ -42,6 +42,9 @@ class ListLog:
     def routes_all(self, partition: int) -> bool:
         return partition in self.led
 
+    def views_known(self) -> bool:
+        return True
+
     def earliest_offset(self, partition: int) -> int:
         return 0
 
@@ -175,3 +178,24 @@ def test_the_index_never_changes_what_is_delivered(
             assert offsets == sorted(offsets)
     finally:
         catchup_module.INDEX_MAX = original
+
+
+def test_a_finished_catch_up_knows_the_late_copies_of_what_it_read() -> None:
+    """A copy of a record can come live after the catch-up read it (its view passed a record
+    still on its way, cluster/remotelog.py): it is recognised as read, in the range the
+    catch-up read only, and once a copy past that range came in a partition, no more are
+    looked for there."""
+    log_ = ListLog(2)
+    for _ in range(3):
+        log_.add(0, "a/1")
+    catchup = CatchUp(log_)
+    catchup.add("a/#", None, [1, 0])  # began at offset 1 of partition 0
+    assert read_all(catchup, ["a/#"]) == [(0, 1), (0, 2)]
+    assert catchup.read_already("a/1", (0, 2)) and catchup.read_already("a/1", (0, 1))
+    assert not catchup.read_already("a/1", (0, 0))  # below where it began: never read
+    assert not catchup.read_already("b/1", (0, 2))  # another filter's: not read here
+    assert not catchup.read_already("a/1", (1, 0))  # a partition it read nothing of
+    assert not catchup.tail_passed
+    assert not catchup.read_already("a/1", (0, 3))  # live past what it read
+    assert catchup.tail_passed
+    assert not catchup.read_already("a/1", (0, 2))

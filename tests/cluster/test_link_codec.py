@@ -45,6 +45,8 @@ from meshmq.cluster.codec import (
     LinkAuth,
     LinkError,
     LinkHello,
+    LogData,
+    LogRead,
     Members,
     NodeAppend,
     NodeAppendAnswer,
@@ -259,6 +261,12 @@ CASES: list[tuple[object, bytes, bool]] = [
      False),
     (Fetch("n-é", [(3, 2**64 - 1), (0, 0)]),
      text_bytes("n-é") + u("I", 2) + u("IQ", 3, 2**64 - 1) + u("IQ", 0, 0), True),
+    (LogRead(2**64 - 1, 0), u("QBIQIQ", 2**64 - 1, 0, 0, 0, 0, 0), True),
+    (LogRead(5, 1, 7, 2**64 - 1, 1024, 1_700_000_000_000),
+     u("QBIQIQ", 5, 1, 7, 2**64 - 1, 1024, 1_700_000_000_001), True),
+    (LogData(9, 0, [(3, 10, 2, -1), (4, 2**64 - 1, 0, 7)], b"\x01\x02"),
+     u("QBI", 9, 0, 2) + u("IQQQ", 3, 10, 2, 0) + u("IQQQ", 4, 2**64 - 1, 0, 8)
+     + u("I", 2) + b"\x01\x02", True),
 ]
 TYPE_OF = {cls: frame_type for frame_type, cls in FRAMES.items()}
 
@@ -403,6 +411,10 @@ FRAME_STRATEGIES: dict[FrameType, st.SearchStrategy[object]] = {
                                                                       st.booleans())),
     FrameType.FETCH: st.builds(Fetch, unicode_text, st.lists(st.tuples(u32s, u64s),
                                                               max_size=3)),
+    FrameType.LOG_READ: st.builds(LogRead, u64s, st.integers(0, 1), u32s, u64s, u32s,
+                                  st.integers(-1, 2**63)),
+    FrameType.LOG_DATA: st.builds(LogData, u64s, u8s, st.lists(st.tuples(
+        u32s, u64s, u64s, st.integers(-1, 2**63)), max_size=3), st.binary(max_size=64)),
     FrameType.NODE_APPENDED: st.builds(NodeAppended, st.lists(st.builds(
         NodeAppendAnswer, u64s, u8s, u64s, u32s, unicode_text, u32s), max_size=3)),
 }

@@ -290,6 +290,9 @@ class LogOf:
     def routes_all(self, partition: int) -> bool:
         return True
 
+    def views_known(self) -> bool:
+        return True
+
 
 def test_what_a_cursor_still_owes_crosses_as_queued_copies_without_positions() -> None:
     now_ms = int(time.time() * 1000)

@@ -90,14 +90,27 @@ class LogReader(Protocol):
     def routes_all(self, partition: int) -> bool:
         """Is every record of ``partition`` routed here (this router leads it)?"""
 
+    def views_known(self) -> bool:
+        """Is every partition's high watermark known here (heard from its leader)?"""
+
 
 @dataclass(slots=True)
 class ReplayFilter:
-    """One topic filter read from the log, from ``start[p]`` on in each partition ``p``."""
+    """One topic filter read from the log, from ``start[p]`` on in each partition ``p``
+    (``first``: where it began, for ``CatchUp.read_already``)."""
 
     topic_filter: str
     subscription: Subscription | None  # None: use the session's current subscription
     start: list[int]
+    first: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.first:
+            self.first = list(self.start)
+
+    def restart(self, start: list[int]) -> None:
+        self.start = list(start)
+        self.first = list(start)
 
 
 @dataclass(slots=True)
@@ -112,6 +125,7 @@ class CatchUp:
     # per partition: from this offset on, _index lists every record this catch-up delivers
     _indexed_from: list[int] | None = None
     _index: list[array[int]] = field(default_factory=list)
+    _unpassed: set[int] | None = None  # (finished) partitions no copy past its read came in
 
     def _matches(self, topic_filter: str, topic: str) -> bool:
         """``topic_matches``, cached per (filter, topic): a catch-up sees the same few topics
@@ -171,6 +185,33 @@ class CatchUp:
             self._note(partition, offset)
         return True
 
+    def read_already(self, topic: str, position: tuple[int, int]) -> bool:
+        """(A finished catch-up) Did it deliver the persisted message at ``position``? A live
+        copy can come after the catch-up read it when the view passed a record still on its
+        way here: from another node, whose high watermarks and records do not travel on
+        one link (cluster/remotelog.py), or resent to a node that restarted."""
+        partition, offset = position
+        unpassed = self._unpassed
+        if unpassed is None:  # the partitions it read something of
+            unpassed = self._unpassed = {
+                p for p in range(len(self.persistence.high_watermark))
+                if any(f.first[p] < f.start[p] for f in self.filters)}
+        if partition not in unpassed:
+            return False
+        if all(offset >= f.start[partition] for f in self.filters):
+            unpassed.discard(partition)  # live past what it read: no late copy comes now
+            return False  # (one partition's copies come in its leader's order)
+        return any(
+            f.first[partition] <= offset < f.start[partition]
+            and self._matches(f.topic_filter, topic) for f in self.filters
+        )
+
+    @property
+    def tail_passed(self) -> bool:
+        """(A finished catch-up) Has a live copy past what it read come in every partition
+        it read? Then ``read_already`` is False from now on."""
+        return self._unpassed is not None and not self._unpassed
+
     def _wants(self, topic: str, partition: int, offset: int) -> bool:
         return any(
             f.start[partition] <= offset and self._matches(f.topic_filter, topic)
@@ -194,7 +235,7 @@ class CatchUp:
 
     @property
     def finished(self) -> bool:
-        if self.syncing:
+        if self.syncing or not self.persistence.views_known():
             return False
         high = self.persistence.high_watermark
         return all(f.start[p] >= high[p] for f in self.filters for p in range(len(high)))

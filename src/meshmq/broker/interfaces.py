@@ -135,9 +135,14 @@ class PartitionLog(Protocol):
 
     def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None: ...
 
-    def sync(self, done: Done) -> None:
+    def sync(self, done: Done, timestamp_ms: int | None = None) -> None:
         """Bring ``high_watermark`` up to where the leaders are, as of after the route
-        changes made so far; then ``done()``."""
+        changes made so far (and, ``timestamp_ms``, learn where each partition is at that
+        time, for ``offset_for_timestamp``); then ``done()``."""
+
+    def views_known(self) -> bool:
+        """Is the high watermark of every partition known (heard from its leader)? A
+        catch-up does not finish before."""
 
     def close(self) -> None: ...
 

@@ -249,9 +249,12 @@ class Persistence(LogAccess):
     def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None:
         return self.commit_log.offset_for_timestamp(partition, timestamp_ms)
 
-    def sync(self, done: Callable[[], None]) -> None:
+    def sync(self, done: Callable[[], None], timestamp_ms: int | None = None) -> None:
         """The high watermark here is the leader's own: nothing to wait for."""
         done()
+
+    def views_known(self) -> bool:
+        return True
 
     def _policy_for(self, topic: str) -> FsyncPolicy | None:
         """The fsync policy of the first ``log.fsync_rules`` entry matching ``topic``."""

@@ -151,6 +151,7 @@ class Session:
         "qos2_pending",
         "queue",
         "queued_bytes",
+        "read_tail",
         "retained_window",
         "slots_freed",
         "subscriptions",
@@ -188,6 +189,7 @@ class Session:
         self._unsent = 0  # inflight PUBLISHes not yet resent on the current connection
         self.persistence: LogReader | None = None  # the commit log, when it is on
         self.catchup: CatchUp | None = None  # reading persisted messages from the log
+        self.read_tail: CatchUp | None = None  # the last catch-up finished (read_already)
         self.detached_at: int | None = None  # wall clock ms when it went offline
         self.retained_window: RetainedWindow | None = None  # retained lookups in progress
         self.connecting = False  # a connection is being accepted for it: QoS 0 waits too
@@ -250,13 +252,18 @@ class Session:
                 and self.retained_window.live(message):
             return  # already delivered as a retained copy (retainwindow.py)
         catchup = self.catchup
-        if catchup is not None:
-            if (group is None and message.position is not None
-                    and catchup.covers(message.topic, message.position)):
-                if self.client is not None and not self.queue:
-                    self.pump(now)  # idle: let the catch-up read it now
-                return  # the catch-up reads it from the log, in order
-        elif not qos and not subscription_ids and message.expires_at is None:
+        if catchup is not None and group is None and message.position is not None \
+                and catchup.covers(message.topic, message.position):
+            if self.client is not None and not self.queue:
+                self.pump(now)  # idle: let the catch-up read it now
+            return  # the catch-up reads it from the log, in order
+        tail = self.read_tail
+        if tail is not None and group is None and message.position is not None:
+            if tail.read_already(message.topic, message.position):
+                return  # a late copy of one the last catch-up read from the log
+            if tail.tail_passed:
+                self.read_tail = None
+        if catchup is None and not qos and not subscription_ids and message.expires_at is None:
             client = self.client
             if client is not None:  # the plain QoS 0 delivery, inlined (the fan-out hot path)
                 conn = client.conn
@@ -446,6 +453,7 @@ class Session:
             )
             if catchup.finished:
                 self.catchup = None
+                self.read_tail = catchup
                 if catchup.lost:
                     log.warning("catch-up finished with records lost to retention "
                                 "client_id=%s lost=%d", self.client_id, catchup.lost)

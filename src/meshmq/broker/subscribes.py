@@ -223,7 +223,8 @@ class Subscribes:
 
     # ------------------------------------------------------------------ log positions
 
-    def sync_catchup(self, session: Session, then: Callable[[], None] | None = None) -> None:
+    def sync_catchup(self, session: Session, then: Callable[[], None] | None = None,
+                     timestamp_ms: int | None = None) -> None:
         """A session's log cursor reads up to the high watermark as of after its routes are in
         place (a session handed over: records routed while its routes moved went to no router
         live). Until the log answers the cursor reads nothing; ``then`` runs before it reads
@@ -242,7 +243,7 @@ class Subscribes:
             if not waiting[0]:  # answered later: nothing else will pump it
                 session.pump(self.loop.time())
 
-        persistence.sync(synced)
+        persistence.sync(synced, timestamp_ms)
         waiting[0] = False
 
     def _sync_replay(self, session: Session, request: ReplayRequest, filters: list[str]) -> None:
@@ -253,7 +254,7 @@ class Subscribes:
             return
         entries = [e for e in session.catchup.filters if e.topic_filter in filters]
         for entry in entries:
-            entry.start = [0] * len(entry.start)
+            entry.restart([0] * len(entry.start))
         persistence = self.broker.persistence
         assert persistence is not None
 
@@ -263,9 +264,10 @@ class Subscribes:
             except ReplayError:  # checked at SUBSCRIBE; the log cannot shrink its partitions
                 start = list(persistence.high_watermark)
             for entry in entries:
-                entry.start = list(start)
+                entry.restart(start)
 
-        self.sync_catchup(session, restart)
+        self.sync_catchup(session, restart, request.timestamp_ms
+                          if request.kind == "timestamp" else None)
 
     # ------------------------------------------------------------------ retained messages
 

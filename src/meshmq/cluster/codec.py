@@ -82,6 +82,8 @@ class FrameType(IntEnum):
     NODE_APPENDED = 41  # answer to NODE_APPEND: where each was stored, or why not (a hint)
     FORWARD_AT = 42  # a FORWARD of a record of a partition the sender's node leads, and its place
     FETCH = 43  # to a partition's leader node, after it restarted: send again what came after
+    LOG_READ = 44  # to a partition's leader node: its high watermarks, or records from an offset
+    LOG_DATA = 45  # answer to LOG_READ
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -1055,6 +1057,76 @@ class Fetch:
         return cls(node_id, partitions)
 
 
+# ---------------------------------------------------------------------- reading another node's log
+
+READ_HIGHS = 0  # LOG_READ: the high watermarks (and earliest offsets) of the node's partitions
+READ_RECORDS = 1  # LOG_READ: records of one partition from an offset
+DATA_OK = 0
+DATA_OUT_OF_RANGE = 1  # LOG_DATA: the offset is below the earliest kept (``earliest`` says it)
+DATA_NOT_LEADER = 2  # LOG_DATA: the receiver's node does not lead that partition
+
+
+@dataclass(frozen=True, slots=True)
+class LogRead:
+    """To a node that leads partitions (cluster/remotelog.py): ``READ_HIGHS``: the high
+    watermark and earliest offset of each partition it leads (and, ``timestamp_ms`` >= 0, the
+    first offset stored at or after it), as of after everything sent to it before;
+    ``READ_RECORDS``: records of ``partition`` from ``offset``, at most ``max_records``."""
+
+    request_id: int
+    kind: int
+    partition: int = 0
+    offset: int = 0
+    max_records: int = 0
+    timestamp_ms: int = -1
+
+    def encode(self) -> bytes:
+        return (Writer().u64(self.request_id).u8(self.kind).u32(self.partition)
+                .u64(self.offset).u32(self.max_records).u64(self.timestamp_ms + 1)
+                .frame(FrameType.LOG_READ))
+
+    @classmethod
+    def decode(cls, body: bytes) -> LogRead:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.u8(), reader.u32(), reader.u64(), reader.u32(),
+                    reader.u64() - 1)
+        reader.end()
+        if frame.kind > READ_RECORDS:
+            raise LinkError("log read: bad kind")
+        return frame
+
+
+PartitionEnds = tuple[int, int, int, int]  # partition, high watermark, earliest, at timestamp
+
+
+@dataclass(frozen=True, slots=True)
+class LogData:
+    """Answer to LOG_READ: ``status``; for ``READ_HIGHS`` one ``PartitionEnds`` per partition
+    the node leads (the offset at the timestamp: -1 if none); for ``READ_RECORDS`` the
+    partition's ends and ``batches``, log record batches as a segment holds them."""
+
+    request_id: int
+    status: int
+    ends: list[PartitionEnds]
+    batches: bytes = b""
+
+    def encode(self) -> bytes:
+        writer = Writer().u64(self.request_id).u8(self.status).u32(len(self.ends))
+        for partition, high, earliest, at in self.ends:
+            writer.u32(partition).u64(high).u64(earliest).u64(at + 1)
+        return writer.blob(self.batches).frame(FrameType.LOG_DATA)
+
+    @classmethod
+    def decode(cls, body: bytes) -> LogData:
+        reader = Reader(body)
+        request_id, status = reader.u64(), reader.u8()
+        ends = [(reader.u32(), reader.u64(), reader.u64(), reader.u64() - 1)
+                for _ in range(reader.u32())]
+        batches = reader.blob()
+        reader.end()
+        return cls(request_id, status, ends, batches)
+
+
 # ---------------------------------------------------------------------- services
 #
 # Request/reply between the worker processes of a node (services/layer.py): a service worker
@@ -1310,7 +1382,8 @@ Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRe
          | BarrierDone | Deliver | Settled | Admin | AdminAnswer | LinkHello | LinkAuth | Ping
          | Members | RetainSync | NodeStats | Forget | Takeover | ForwardAck | ServiceOffer
          | ServiceSync | ServiceRequest | ServiceReply | ServiceReplied | SessionFetch
-         | SessionPart | SessionMoved | NodeAppend | NodeAppended | ForwardAt | Fetch)
+         | SessionPart | SessionMoved | NodeAppend | NodeAppended | ForwardAt | Fetch
+         | LogRead | LogData)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -1333,6 +1406,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.SESSION_MOVED: SessionMoved,
     FrameType.NODE_APPEND: NodeAppend, FrameType.NODE_APPENDED: NodeAppended,
     FrameType.FORWARD_AT: ForwardAt, FrameType.FETCH: Fetch,
+    FrameType.LOG_READ: LogRead, FrameType.LOG_DATA: LogData,
 }
 
 

@@ -24,7 +24,8 @@ that registered ``on_link_down`` hear of it. Any failure while handling a peer's
 ``LinkError`` or a bug) closes the link, logged: both sides then start afresh on a new link
 (fail-stop), instead of going on with the frames of that read lost.
 
-Lanes. A link has two output lanes. *Data* (``FORWARD``, ``APPEND``, ``DELIVER``) is written
+Lanes. A link has two output lanes. *Data* (``FORWARD``, ``APPEND``, ``DELIVER``, and the
+records a ``LOG_DATA`` answer carries to another node) is written
 to the socket only while the socket's buffer is below its mark (``link_paused``), at most
 ``DATA_CHUNK`` bytes a turn, and otherwise waits in the mesh; *control* (every other frame) is
 written at once, so answers, claims and barriers never wait behind megabytes of forwards.
@@ -127,6 +128,7 @@ LANES: dict[int, Lane] = {frame_type: Lane.CONTROL for frame_type in FrameType}
 LANES.update({FrameType.FORWARD: Lane.DATA, FrameType.APPEND: Lane.DATA,
               FrameType.NODE_APPEND: Lane.DATA, FrameType.FORWARD_AT: Lane.DATA,
               FrameType.DELIVER: Lane.DATA, FrameType.RETAIN_SYNC: Lane.DATA,
+              FrameType.LOG_DATA: Lane.DATA,
               FrameType.APPENDED: Lane.ORDERED,
               FrameType.BARRIER_DONE: Lane.ORDERED, FrameType.SYNCED: Lane.ORDERED,
               FrameType.SETTLED: Lane.ORDERED, FrameType.CLAIMED: Lane.ORDERED})

@@ -54,9 +54,9 @@ Inside the leader node the partition is led by worker ``p mod N`` as on a single
   it (and is held the same way while the node is down).
 * **Who delivers.** The leader node routes every message of its partitions, so subscribers on
   every node get them in partition order. The publisher's own node gets its copy back from the
-  leader like any other node: it does not deliver the publish itself. Such a copy carries no
-  log position (each node's log holds the partitions it leads): on another node it is a
-  message like one not persisted, queued for an offline session.
+  leader like any other node: it does not deliver the publish itself. Each copy carries its
+  place in the partition, the same on every node (cluster/remotelog.py: a session's cursor
+  reads the partitions other nodes lead from them).
 * ``$`` topics (``$SYS``, ``$service/``) stay on the node they were published on.
 
 With the metadata off, nothing here runs: each node keeps its own log of every partition.
@@ -120,6 +120,7 @@ class Placements:
         self.leaders: list[tuple[str, int] | None] = [None] * partitions
         self.written = [True] * partitions  # marked written (metarecords.py mark_written)
         self.version = -1
+        self.on_change: list[Callable[[list[int]], None]] = []  # partitions placed anew
 
     def update(self, view: View | None) -> None:
         if view is None or view.version <= self.version:
@@ -142,6 +143,8 @@ class Placements:
         if changed:
             log.info("partition leaders changed partitions=%s leaders=%s", changed,
                      [leaders[p] for p in changed])
+            for listener in self.on_change:
+                listener(changed)
 
     def of(self, partition: int) -> tuple[str, int] | None:
         return self.leaders[partition] if partition < len(self.leaders) else None

@@ -32,9 +32,10 @@ sessions are):
 * **Stand-in.** Until B confirms, ``h`` keeps the session it exported in a ``MovedSession``
   (cluster/moving.py) that holds its routes and sends whatever is routed to it to B's worker
   ``w`` (``SESSION_MOVED`` deliver frames on the link the session went on, so they arrive after
-  it; ``w`` holds them until the session is adopted). It skips nothing: positions do not cross,
-  and a copy A forwards to B may reach B before the session does; so a message routed in the
-  moment of the move can arrive twice (QoS 1 allows it), never not at all.
+  it; ``w`` holds them until the session is adopted). It skips nothing (a copy A forwards to
+  B may reach B before the session does; with positions crossing, B's catch-up skips one it
+  will read itself); so a message routed in the moment of the move can arrive twice (QoS 1
+  allows it), never not at all.
 * **Settle.** ``w`` adopts the session (the most recently detached copy wins, B's own or a
   node's), and once its routes are in place everywhere (a route barrier across nodes) it
   tells each node that handed one over (``SESSION_MOVED`` settle, a request). ``h`` drops the
@@ -195,6 +196,9 @@ class NodeSessions:
         self.sync = sync  # the leaders' high watermarks, before a cursor is read (the log)
         self.clock = clock
         self.stand_ins: dict[str, MovedSession] = {}  # sessions handed to another node
+        # the metadata on: every node reads every partition at the same offsets (its leader
+        # node's, cluster/remotelog.py), so a session crosses with its places and its cursor
+        self.positions_cross = False
         self._parts: dict[tuple[int, int], list[bytes]] = {}  # (peer, request) -> parts so far
         self.counters = {"sessions_fetched": 0, "sessions_handed": 0,
                          "sessions_taken_back": 0}
@@ -292,7 +296,8 @@ class NodeSessions:
                   adopted: list[Session]) -> None:
         """The session, if this node has it, is on this worker now."""
         session = self.host.sessions.get(frame.client_id)
-        if session is not None and session.catchup is not None and self.sync is not None:
+        if session is not None and session.catchup is not None and self.sync is not None \
+                and not self.positions_cross:
             # its cursor reads up to the leaders' high watermarks as of now
             self.sync(partial(self._hand_over, peer, ident, frame, adopted))
         else:
@@ -310,7 +315,8 @@ class NodeSessions:
         session = self.host.release_session(client_id, False)  # its connection: 0x8E
         if session is None:  # (it ended with its connection: expiry 0)
             return self._answer(peer, ident, frame.request_id, SESSION_NONE, b"")
-        blob = export_for_node(session, self.now())
+        blob = (self.host.export_session(session) if self.positions_cross
+                else export_for_node(session, self.now()))
         stub = NodeMovedSession(session, peer, partial(self._redirect, peer, ident, client_id),
                                 lambda message: False, blob)
         stub.timer = self.mesh.call_at(self.mesh.io.now() + SETTLE_TIMEOUT,
@@ -351,7 +357,8 @@ class NodeSessions:
 
     def _redirect(self, peer: int, ident: int, client_id: str, message: Message, qos: int,
                   retain: bool, ids: list[int] | None, group: tuple[str, str] | None) -> None:
-        body = encode_message(message, self.now(), positioned=False)  # this node's log only
+        # (without the metadata a place is one in this node's log only)
+        body = encode_message(message, self.now(), positioned=self.positions_cross)
         self.mesh.send(peer, SessionMoved(MOVED_DELIVER, 0, client_id, qos, retain, ids or [],
                                           group, body).encode(), ident)
 

@@ -45,7 +45,8 @@ several. Partition ``p`` is led by worker ``p mod N`` (cluster/leaders.py):
   was stored and to how many receivers it went.
 * **Reading.** Partitions led here are read from the open log; the others from their files
   (``LogView``: no lock, whole checksummed batches only), never beyond this worker's *view* of
-  their high watermark.
+  their high watermark; with partitions led across nodes, those another node leads from that
+  node (``remote``, cluster/remotelog.py).
 * **The view** of a partition led elsewhere only moves on what its leader says, in order on one
   link: the high watermarks in its ``HELLO``, in each ``BARRIER_DONE`` and ``SYNCED``, the
   position of each persisted message it forwards, and each ``APPENDED`` answer. Every record at
@@ -95,6 +96,7 @@ if TYPE_CHECKING:
     from meshmq.broker.message import Message
     from meshmq.cluster.leaders import Leadership
     from meshmq.cluster.mesh import Mesh
+    from meshmq.cluster.remotelog import RemoteLog
     from meshmq.cluster.timers import Timer
     from meshmq.config import LogSettings
     from meshmq.log.record import Record
@@ -149,6 +151,8 @@ class PartitionedLog(LogAccess):
         # in a cluster whose partitions are led across nodes: takes a publish whose partition
         # another node leads (True), or leaves it to this node (cluster/nodeappends.py)
         self.elsewhere: Elsewhere | None = None
+        # partitions other nodes lead, read from them (cluster/remotelog.py; the metadata on)
+        self.remote: RemoteLog | None = None
         self.counters = {"appends_forwarded": 0, "appends_served": 0, "appends_refused": 0,
                          "appends_unknown": 0, "appends_recognised": 0,
                          "answers_dropped": 0, "answers_late": 0}
@@ -342,26 +346,58 @@ class PartitionedLog(LogAccess):
                           late=True)
 
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
+        remote = self.remote
+        if remote is not None and remote.elsewhere(partition):
+            return remote.read(partition, offset, max_records)
         if self.leadership.leads(partition):
             return self.local.read(partition, offset, max_records)
         return self.view.read(partition, offset, max_records=max_records)
 
     def routes_all(self, partition: int) -> bool:
-        return self.leadership.leads(partition)
+        """(Partitions led across nodes: only once the metadata says this node leads it; a
+        worker that starts does not know that yet.)"""
+        remote = self.remote
+        return self.leadership.leads(partition) and (remote is None or remote.here(partition))
 
     def earliest_offset(self, partition: int) -> int:
+        remote = self.remote
+        if remote is not None and remote.elsewhere(partition):
+            return remote.earliest[partition]
         if self.leadership.leads(partition):
             return self.local.earliest_offset(partition)
         return self.view.earliest_offset(partition)
 
     def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None:
+        remote = self.remote
+        if remote is not None and remote.elsewhere(partition):
+            return remote.offset_for_timestamp(partition, timestamp_ms)
         if self.leadership.leads(partition):
             return self.local.offset_for_timestamp(partition, timestamp_ms)
         return self.view.offset_for_timestamp(partition, timestamp_ms)
 
-    def sync(self, done: Callable[[], None]) -> None:
-        """Ask every partition leader for its high watermarks (as of after our route
-        changes); then ``done()``. A leader that does not answer is passed over."""
+    def views_known(self) -> bool:
+        return self.remote is None or self.remote.views_known()
+
+    def sync(self, done: Callable[[], None], timestamp_ms: int | None = None) -> None:
+        """Bring the view up to the leaders' high watermarks, this node's workers' and
+        (partitions led across nodes) the other nodes', as of after our route changes; then
+        ``done()``."""
+        remote = self.remote
+        if remote is None:
+            return self.sync_workers(done)
+        waiting = [2]
+
+        def one_done() -> None:
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                done()
+
+        self.sync_workers(one_done)
+        remote.sync(one_done, timestamp_ms)
+
+    def sync_workers(self, done: Callable[[], None]) -> None:
+        """Ask every partition leader of this node for its high watermarks (as of after our
+        route changes); then ``done()``. A leader that does not answer is passed over."""
         leaders = {self.leadership.leader_of(p) for p in range(self.leadership.partitions)}
         leaders.discard(self.leadership.worker.index)
 
@@ -382,13 +418,18 @@ class PartitionedLog(LogAccess):
         """A leader's high watermarks, after everything it sent before."""
         view = self.high_watermark
         leads = self.leadership.leads
+        remote = self.remote
         for partition, high in highs.items():
-            if partition < len(view) and not leads(partition) and high > view[partition]:
+            if partition < len(view) and not leads(partition) and high > view[partition] and (
+                    remote is None or not remote.elsewhere(partition)):
                 view[partition] = high
 
     def leader_highs(self) -> Highs:
-        """The high watermarks of the partitions this worker leads (for HELLO, barriers)."""
-        return {p: self.high_watermark[p] for p in self.leadership.mine}
+        """The high watermarks of the partitions this worker leads (for HELLO, barriers);
+        not those another node leads (its view of them is not a leader's)."""
+        remote = self.remote
+        return {p: self.high_watermark[p] for p in self.leadership.mine
+                if remote is None or not remote.elsewhere(p)}
 
     def _on_link_up(self, peer: int, hello: Hello) -> None:
         self.synced(hello.highs)

@@ -42,6 +42,7 @@ from meshmq.cluster.nodes import NodeLinks
 from meshmq.cluster.nodesessions import NodeSessions
 from meshmq.cluster.nodestats import ClusterStatistics
 from meshmq.cluster.partitions import PartitionedLog
+from meshmq.cluster.remotelog import RemoteLog
 from meshmq.cluster.retained import OwnedRetained
 from meshmq.cluster.routes import REMOTE_BASE
 from meshmq.cluster.sockets import MeshSockets
@@ -71,7 +72,7 @@ def join_router(mesh: Mesh, router: Router, decode: Callable[[bytes, float], Mes
     def forwarded(peer: int, frame: Forward) -> None:
         now = mesh.io.now()
         message = decode(frame.message, now)
-        if message.position is not None and peer < REMOTE_BASE:  # (this node's log only)
+        if message.position is not None:  # (from another node: partitions it leads)
             on_position(message.position)
         groups = frame.groups
         if peer >= REMOTE_BASE and mesh.node_links is not None:  # from another node: relay
@@ -102,9 +103,9 @@ class WorkerCluster:
         self.sockets = MeshSockets(loop, worker)
         self.log: PartitionedLog | None = None
         self.mesh = mesh = Mesh(worker, self.sockets, encode_message, self._highs)
-        # each node keeps its own log: a message crossing to another node is not at a place
-        # in that node's log, so it goes without one (there it is a copy, like a message
-        # that is not persisted: an offline session keeps it in its queue)
+        # without the metadata each node keeps its own log: a message crossing to another
+        # node is not at a place in that node's log, so it goes without one (there it is a
+        # copy, like a message that is not persisted: an offline session keeps it queued)
         mesh.encode_for_node = partial(encode_message, positioned=False)
         lifecycle = broker.lifecycle
         if config.log.enabled:
@@ -126,6 +127,8 @@ class WorkerCluster:
         self.node_appends: NodeAppends | None = None
         self.placements: Placements | None = None
         self.node_catchup: NodeCatchup | None = None
+        self.remote_log: RemoteLog | None = None
+        self._waking = False
         self.metadata: MetaClient | None = None  # the node's metadata voter (cluster.metadata)
         if identity is not None and config.cluster.metadata:
             self.metadata = MetaClient(socket_name_for(worker.token))
@@ -134,7 +137,7 @@ class WorkerCluster:
             self.node_retained = NodeRetained(self.retained, self.nodes)
             self.takeover = takeover = NodeTakeover(self.directory, self.nodes,
                                                     broker.sessions, lifecycle, loop.time)
-            self.node_sessions = NodeSessions(
+            self.node_sessions = node_sessions = NodeSessions(
                 self.directory, self.nodes, loop.time, takeover.claimed_at.get,
                 self.log.sync if self.log is not None else None)
             self.statistics = ClusterStatistics(self.node_statistics, self.nodes,
@@ -149,6 +152,14 @@ class WorkerCluster:
                     partial(self._mark_written, self.metadata, identity.node_id))
                 self.node_catchup = NodeCatchup(self.nodes, self.log, self.leadership,
                                                 loop.time)
+                # a partition's offsets are the same on every node (only its leader node
+                # holds it): records cross with their places, cursors with the sessions
+                mesh.encode_for_node = encode_message
+                node_sessions.positions_cross = True
+                self.remote_log = RemoteLog(self.nodes, self.log, self.placements,
+                                            identity.node_id)
+                self.remote_log.on_ready = self._wake_catchups
+                self.log.remote = self.remote_log
         mesh.on_congested = self._congested
         self._congestion_logged = -1e9
         self._marks: set[asyncio.Task[None]] = set()
@@ -179,6 +190,20 @@ class WorkerCluster:
         task = self.broker.loop.create_task(run())
         self._marks.add(task)  # (a task nobody holds may be collected before it ends)
         task.add_done_callback(self._marks.discard)
+
+    def _wake_catchups(self) -> None:
+        """Records of another node's partition came (or its view): the connected sessions
+        that read the log read again, once this loop turn."""
+        if not self._waking:
+            self._waking = True
+            self.broker.loop.call_soon(self._pump_catchups)
+
+    def _pump_catchups(self) -> None:
+        self._waking = False
+        now = self.broker.loop.time()
+        for session in list(self.broker.sessions.values()):
+            if session.catchup is not None and session.client is not None:
+                session.pump(now)
 
     def _highs(self) -> dict[int, int]:
         return self.log.leader_highs() if self.log is not None else {}
