@@ -25,7 +25,8 @@ as it treats one another worker of its node leads (cluster/partitions.py):
 * **Reading.** ``read`` serves records from chunks fetched from the leader node (``LOG_READ``
   records: up to ``FETCH_RECORDS`` from an offset, read there from its log, the records as
   the log's own batches). A read of a chunk not here yet asks for it and returns nothing;
-  the answer wakes the catch-ups (``on_ready``), which read again. So a catch-up never
+  the answer wakes the catch-ups (``on_ready``), which read again; a read past the middle of
+  a chunk asks for the next one ahead. So a catch-up never
   blocks the loop; a partition whose leader node is down is read when it is back (its
   other partitions go on). Chunks are kept per partition, the newest ``CHUNKS_KEPT``, so
   sessions reading the same range share them. Below the leader's earliest offset (retention)
@@ -211,11 +212,20 @@ class RemoteLog:
         if offset < self.earliest[partition]:
             raise OffsetOutOfRange(offset, self.earliest[partition], self.view[partition])
         for first, records in reversed(self._chunks[partition].items()):
-            if first <= offset <= records[-1].offset:
+            last = records[-1].offset
+            if first <= offset <= last:
                 at = bisect_left(records, offset, key=_offset_of)
-                return records[at:at + max_records]
+                found = records[at:at + max_records]
+                if 2 * (at + len(found)) > len(records) and last + 1 < self.view[partition] \
+                        and not self._cached(partition, last + 1):
+                    self._fetch(partition, last + 1)  # read ahead: the next chunk
+                return found
         self._fetch(partition, offset)
         return []
+
+    def _cached(self, partition: int, offset: int) -> bool:
+        return any(first <= offset <= records[-1].offset
+                   for first, records in self._chunks[partition].items())
 
     def _fetch(self, partition: int, offset: int) -> None:
         reading = self._reading[partition]
