@@ -84,6 +84,8 @@ class FrameType(IntEnum):
     FETCH = 43  # to a partition's leader node, after it restarted: send again what came after
     LOG_READ = 44  # to a partition's leader node: its high watermarks, or records from an offset
     LOG_DATA = 45  # answer to LOG_READ
+    SESSION_OWNER = 46  # to a client id's owner (node, then worker): an epoch for its CONNECT
+    SESSION_OWNED = 47  # answer to SESSION_OWNER
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -824,7 +826,8 @@ class ForwardAck:
 
 @dataclass(frozen=True, slots=True)
 class Takeover:
-    """A CONNECT for ``client_id`` on the sender's node at ``stamp`` (wall time, ns): a
+    """A CONNECT for ``client_id`` on the sender's node with ``stamp`` (its owner epoch, else
+    the sender's wall time in ns: cluster/sessionowner.py): a
     connection of that client id on the receiver's node that is older is closed with
     DISCONNECT 0x8E, and with ``clean_start`` its session ends (cluster/takeover.py)."""
 
@@ -1127,6 +1130,44 @@ class LogData:
         return cls(request_id, status, ends, batches)
 
 
+@dataclass(frozen=True, slots=True)
+class SessionOwner:
+    """To the owner of ``client_id``'s session (the leader node of its partition, there its
+    owner worker; cluster/sessionowner.py): a CONNECT of it is claiming the session, give it
+    the next owner epoch."""
+
+    request_id: int
+    client_id: str
+
+    def encode(self) -> bytes:
+        return Writer().u64(self.request_id).text(self.client_id).frame(FrameType.SESSION_OWNER)
+
+    @classmethod
+    def decode(cls, body: bytes) -> SessionOwner:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.text())
+        reader.end()
+        return frame
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOwned:
+    """Answer to SESSION_OWNER: the claim's owner epoch (0: the owner could not give one)."""
+
+    request_id: int
+    epoch: int
+
+    def encode(self) -> bytes:
+        return Writer().u64(self.request_id).u64(self.epoch).frame(FrameType.SESSION_OWNED)
+
+    @classmethod
+    def decode(cls, body: bytes) -> SessionOwned:
+        reader = Reader(body)
+        frame = cls(reader.u64(), reader.u64())
+        reader.end()
+        return frame
+
+
 # ---------------------------------------------------------------------- services
 #
 # Request/reply between the worker processes of a node (services/layer.py): a service worker
@@ -1291,8 +1332,8 @@ MOVED_SETTLE, MOVED_DELIVER = 0, 1  # SessionMoved.kind
 
 @dataclass(frozen=True, slots=True)
 class SessionFetch:
-    """To another node: a client connected on the sender's node at ``stamp`` (wall time, ns,
-    as in TAKEOVER) with Clean Start 0: hand its session over if the receiver's node holds it
+    """To another node: a client connected on the sender's node with ``stamp`` (as in
+    TAKEOVER) and Clean Start 0: hand its session over if the receiver's node holds it
     (and no newer connection of it is there)."""
 
     request_id: int
@@ -1383,7 +1424,7 @@ Frame = (Hello | Routes | Forward | Append | Appended | Retain | Reply | QueryRe
          | Members | RetainSync | NodeStats | Forget | Takeover | ForwardAck | ServiceOffer
          | ServiceSync | ServiceRequest | ServiceReply | ServiceReplied | SessionFetch
          | SessionPart | SessionMoved | NodeAppend | NodeAppended | ForwardAt | Fetch
-         | LogRead | LogData)
+         | LogRead | LogData | SessionOwner | SessionOwned)
 
 FRAMES: dict[int, type[Frame]] = {
     FrameType.HELLO: Hello, FrameType.ROUTES: Routes, FrameType.FORWARD: Forward,
@@ -1407,6 +1448,7 @@ FRAMES: dict[int, type[Frame]] = {
     FrameType.NODE_APPEND: NodeAppend, FrameType.NODE_APPENDED: NodeAppended,
     FrameType.FORWARD_AT: ForwardAt, FrameType.FETCH: Fetch,
     FrameType.LOG_READ: LogRead, FrameType.LOG_DATA: LogData,
+    FrameType.SESSION_OWNER: SessionOwner, FrameType.SESSION_OWNED: SessionOwned,
 }
 
 

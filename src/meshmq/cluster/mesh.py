@@ -87,6 +87,7 @@ from meshmq.cluster.codec import (
     Reply,
     Retained,
     Routes,
+    SessionOwned,
     Synced,
     decode_frame,
     forward_at_frame,
@@ -114,7 +115,7 @@ SOCKET_HIGH_WATER = 256 * 1024  # the socket's buffer above which data waits in 
 SOCKET_LOW_WATER = 64 * 1024  # ... and below which it flows again
 DATA_CHUNK = 1024 * 1024  # data bytes handed to one socket per loop turn
 # answers to a request
-_ANSWER_FRAMES = (Reply, Retained, Claimed, Synced, BarrierDone, AdminAnswer)
+_ANSWER_FRAMES = (Reply, Retained, Claimed, Synced, BarrierDone, AdminAnswer, SessionOwned)
 
 
 class Lane(Enum):
@@ -209,7 +210,8 @@ class Mesh:
         self.node_links: NodeLinks | None = None  # set by NodeLinks
         self._handlers: dict[int, Handler] = {}
         self._answers = {FrameType.REPLY, FrameType.RETAINED, FrameType.CLAIMED,
-                         FrameType.SYNCED, FrameType.BARRIER_DONE, FrameType.ADMIN_ANSWER}
+                         FrameType.SYNCED, FrameType.BARRIER_DONE, FrameType.ADMIN_ANSWER,
+                         FrameType.SESSION_OWNED}
         self._wanted_write = False
         self._drained: dict[int, list[Callable[[], None]]] = {}
         self.on_link_up: list[Callable[[int, Hello], None]] = []

@@ -186,7 +186,9 @@ class NodeSessions:
                  now: Callable[[], float],
                  stamp_of: Callable[[str], int | None] = lambda client_id: None,
                  sync: Callable[[Callable[[], None]], None] | None = None,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+                 clock: Callable[[], int] = time.time_ns,
+                 when_stamped: Callable[[str, Callable[[], None]], None] = (
+                     lambda client_id, then: then())) -> None:
         self.directory = directory
         self.host = directory.host
         self.links = links
@@ -195,6 +197,7 @@ class NodeSessions:
         self.stamp_of = stamp_of  # the stamp TAKEOVER sent for this client id's CONNECT
         self.sync = sync  # the leaders' high watermarks, before a cursor is read (the log)
         self.clock = clock
+        self.when_stamped = when_stamped  # (takeover.py: a claim's owner epoch came)
         self.stand_ins: dict[str, MovedSession] = {}  # sessions handed to another node
         # the metadata on: every node reads every partition at the same offsets (its leader
         # node's, cluster/remotelog.py), so a session crosses with its places and its cursor
@@ -215,6 +218,10 @@ class NodeSessions:
         return bool(self.links.linked_nodes())
 
     def fetch(self, client_id: str, done: Callable[[list[tuple[int, bytes]]], None]) -> None:
+        # after this CONNECT's TAKEOVER, with its stamp (its owner epoch: sessionowner.py)
+        self.when_stamped(client_id, partial(self._fetch, client_id, done))
+
+    def _fetch(self, client_id: str, done: Callable[[list[tuple[int, bytes]]], None]) -> None:
         stamp = self.stamp_of(client_id) or self.clock()
         found: list[tuple[int, bytes]] = []
 
@@ -272,6 +279,10 @@ class NodeSessions:
     # ------------------------------------------------------------------ the holder
 
     def _on_fetch(self, peer: int, frame: SessionFetch) -> None:
+        # a CONNECT of that client id here still waiting for its stamp is weighed with it
+        self.when_stamped(frame.client_id, partial(self._on_fetch_now, peer, frame))
+
+    def _on_fetch_now(self, peer: int, frame: SessionFetch) -> None:
         link = self.mesh.remote.get(peer)
         if link is None:
             return

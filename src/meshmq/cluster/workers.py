@@ -45,6 +45,7 @@ from meshmq.cluster.partitions import PartitionedLog
 from meshmq.cluster.remotelog import RemoteLog
 from meshmq.cluster.retained import OwnedRetained
 from meshmq.cluster.routes import REMOTE_BASE
+from meshmq.cluster.sessionowner import SessionOwners
 from meshmq.cluster.sockets import MeshSockets
 from meshmq.cluster.stats import MeshStatistics
 from meshmq.cluster.takeover import NodeTakeover
@@ -128,6 +129,7 @@ class WorkerCluster:
         self.placements: Placements | None = None
         self.node_catchup: NodeCatchup | None = None
         self.remote_log: RemoteLog | None = None
+        self.session_owners: SessionOwners | None = None
         self._waking = False
         self.metadata: MetaClient | None = None  # the node's metadata voter (cluster.metadata)
         if identity is not None and config.cluster.metadata:
@@ -138,8 +140,9 @@ class WorkerCluster:
             self.takeover = takeover = NodeTakeover(self.directory, self.nodes,
                                                     broker.sessions, lifecycle, loop.time)
             self.node_sessions = node_sessions = NodeSessions(
-                self.directory, self.nodes, loop.time, takeover.claimed_at.get,
-                self.log.sync if self.log is not None else None)
+                self.directory, self.nodes, loop.time, lambda c: takeover.claimed_at.get(c),
+                self.log.sync if self.log is not None else None,
+                when_stamped=takeover.when_stamped)
             self.statistics = ClusterStatistics(self.node_statistics, self.nodes,
                                                 config.mqtt.sys_interval)
             self.node_sockets = NodeSockets(loop, self.sockets, self.nodes,
@@ -160,6 +163,10 @@ class WorkerCluster:
                                             identity.node_id)
                 self.remote_log.on_ready = self._wake_catchups
                 self.log.remote = self.remote_log
+                # a CONNECT's claim ordered by its session's owner (the leader node of the
+                # client id's partition), not by the hosts' clocks
+                self.session_owners = takeover.owners = SessionOwners(
+                    self.nodes, self.leadership, self.placements, identity.node_id)
         mesh.on_congested = self._congested
         self._congestion_logged = -1e9
         self._marks: set[asyncio.Task[None]] = set()
