@@ -199,3 +199,16 @@ def test_a_finished_catch_up_knows_the_late_copies_of_what_it_read() -> None:
     assert not catchup.read_already("a/1", (0, 3))  # live past what it read
     assert catchup.tail_passed
     assert not catchup.read_already("a/1", (0, 2))
+
+
+def test_a_catch_up_under_way_knows_what_it_read_already() -> None:
+    log_ = ListLog(1)
+    for _ in range(4):
+        log_.add(0, "a/1")
+    catchup = CatchUp(log_)
+    catchup.add("a/#", None, [0])
+    catchup.step(2, dict.fromkeys(["a/#"], SUBSCRIPTION), lambda m, s, d: True, 0.0)
+    assert not catchup.finished
+    assert catchup.read_before("a/1", 0, 1)  # read: a copy of it now comes twice
+    assert not catchup.read_before("a/1", 0, 2)  # still to read
+    assert catchup.covers("a/1", (0, 3))

@@ -201,6 +201,10 @@ class CatchUp:
         if all(offset >= f.start[partition] for f in self.filters):
             unpassed.discard(partition)  # live past what it read: no late copy comes now
             return False  # (one partition's copies come in its leader's order)
+        return self.read_before(topic, partition, offset)
+
+    def read_before(self, topic: str, partition: int, offset: int) -> bool:
+        """Has this catch-up read (and delivered) the record at ``offset`` on ``topic``?"""
         return any(
             f.first[partition] <= offset < f.start[partition]
             and self._matches(f.topic_filter, topic) for f in self.filters

@@ -252,11 +252,13 @@ class Session:
                 and self.retained_window.live(message):
             return  # already delivered as a retained copy (retainwindow.py)
         catchup = self.catchup
-        if catchup is not None and group is None and message.position is not None \
-                and catchup.covers(message.topic, message.position):
-            if self.client is not None and not self.queue:
-                self.pump(now)  # idle: let the catch-up read it now
-            return  # the catch-up reads it from the log, in order
+        if catchup is not None and group is None and message.position is not None:
+            if catchup.covers(message.topic, message.position):
+                if self.client is not None and not self.queue:
+                    self.pump(now)  # idle: let the catch-up read it now
+                return  # the catch-up reads it from the log, in order
+            if catchup.read_before(message.topic, *message.position):
+                return  # a late copy of one it read already (read_already)
         tail = self.read_tail
         if tail is not None and group is None and message.position is not None:
             if tail.read_already(message.topic, message.position):

@@ -82,6 +82,9 @@ class WorkerViews:
                 "counters": {**links.counters, **(
                     cluster.node_appends.counters if cluster.node_appends is not None else {}),
                     **(cluster.node_catchup.counters if cluster.node_catchup is not None
+                       else {}),
+                    **(cluster.remote_log.counters if cluster.remote_log is not None else {}),
+                    **(cluster.session_owners.counters if cluster.session_owners is not None
                        else {})},
                 "metadata": self.metadata_view(),
                 "metadata_configured": cluster.metadata is not None,
