@@ -208,8 +208,9 @@ def test_a_leader_cut_off_by_a_partition_gets_nothing_accepted(tmp_path: Path) -
             wait_until(lambda: acknowledged_after(history, 0.0) >= 5, what="writes")
             leader = leader_from_logs(nodes)
             assert leader is not None
-            cut_at = time.monotonic()
             lab.partition([[leader.name], [n.name for n in nodes if n is not leader]])
+            cut_at = time.monotonic()  # once in place: an append may complete while the
+            # `ip` commands that make the cut run, and that one is the leader's to make
             new = wait_until(lambda: (found := leader_from_logs(nodes)) is not leader and found,
                              timeout=30, what="a new leader on the majority side")
             print(f"partition: new leader {new.name} "
