@@ -209,8 +209,9 @@ def test_a_leader_cut_off_by_a_partition_gets_nothing_accepted(tmp_path: Path) -
             leader = leader_from_logs(nodes)
             assert leader is not None
             lab.partition([[leader.name], [n.name for n in nodes if n is not leader]])
-            cut_at = time.monotonic()  # once in place: an append may complete while the
-            # `ip` commands that make the cut run, and that one is the leader's to make
+            # (taken once the cut is in place: an append that completes while the `ip`
+            # commands run was still the leader's to accept)
+            cut_at = time.monotonic()
             new = wait_until(lambda: (found := leader_from_logs(nodes)) is not leader and found,
                              timeout=30, what="a new leader on the majority side")
             print(f"partition: new leader {new.name} "
