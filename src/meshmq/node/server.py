@@ -105,13 +105,20 @@ class BrokerServer:
         if first:
             _say_if_local_only(self.config)
         await self._start_admin(views)
-        if cfg.port_file and self.worker is None:  # workers: the supervisor writes it
-            text = listeners.port_file_text()
-            if self.admin is not None:
-                text += f"admin={self.admin.port}\n"
-            tmp = f"{cfg.port_file}.tmp"
-            Path(tmp).write_text(text)
-            os.replace(tmp, cfg.port_file)  # readers never see a half-written file
+
+    def announce(self) -> None:
+        """Write the port file (a node of one process; for workers the supervisor writes it).
+        Called once the signal handlers are in place: a script that sends SIGHUP or SIGTERM as
+        soon as the file appears must find them (the default actions end the process)."""
+        cfg = self.config.server
+        if not cfg.port_file or self.worker is not None or self.listeners is None:
+            return
+        text = self.listeners.port_file_text()
+        if self.admin is not None:
+            text += f"admin={self.admin.port}\n"
+        tmp = f"{cfg.port_file}.tmp"
+        Path(tmp).write_text(text)
+        os.replace(tmp, cfg.port_file)  # readers never see a half-written file
 
     def _use_services(self, broker: Broker, links: ServiceLinks) -> ServicesLayer | None:
         """The services layer on the ``$service/`` topics (services.enabled), reaching the
@@ -259,6 +266,7 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, server.reload)
+    server.announce()
     if ready is not None:
         ready()
     await stop.wait()
