@@ -39,6 +39,7 @@ from meshmq.broker.replay import (
 )
 from meshmq.broker.retainwindow import RetainedWindow
 from meshmq.broker.session import Subscription
+from meshmq.completions import after_both
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.packets import Subscribe, Unsubscribe
 from meshmq.mqtt.properties import PropertyId, get_property
@@ -162,7 +163,7 @@ class Subscribes:
         filters = [f for f, _ in packet.subscriptions if f not in offers]
         journaled = partial(broker.keeper.subscriptions, session, filters)
         if any(code < 0x80 for code in codes):
-            _after_both(stored, journaled, broker.peers.barrier)()
+            after_both(stored, journaled, broker.peers.barrier)()
         else:
             journaled(stored)
 
@@ -349,23 +350,6 @@ class Subscribes:
                 client.wake()
 
         self.broker.keeper.subscriptions(session, routes, stored)
-
-
-def _after_both(done: Callable[[], None], first: Callable[[Callable[[], None]], None],
-                second: Callable[[Callable[[], None]], None]) -> Callable[[], None]:
-    """A call that starts ``first`` and ``second`` (each takes a completion) and runs
-    ``done`` once both have completed."""
-    def start() -> None:
-        waiting = [2]
-
-        def one_done() -> None:
-            waiting[0] -= 1
-            if waiting[0] == 0:
-                done()
-
-        first(one_done)
-        second(one_done)
-    return start
 
 
 def _too_long(topic_filter: str, limit: int) -> bool:

@@ -98,6 +98,7 @@ from meshmq.cluster.routes import RouteKey
 from meshmq.cluster.routes import Routes as RouteTable
 from meshmq.cluster.spec import WorkerSpec
 from meshmq.cluster.timers import Timer, Timers
+from meshmq.completions import after_both
 
 if TYPE_CHECKING:
     from meshmq.broker.message import Message
@@ -715,20 +716,18 @@ class Mesh:
             self.ask_all(lambda request_id: Barrier(request_id).encode(), on_answer, done,
                          "route barrier")
             return
-        waiting = [2]
+        def within_node(one_done: Callable[[], None]) -> None:
+            # the node's workers, each after the other nodes it routes for applied its routes
+            self.ask_all(lambda request_id: Barrier(request_id, nodes=True).encode(),
+                         on_answer, one_done, "route barrier")
 
-        def one_done() -> None:
-            waiting[0] -= 1
-            if waiting[0] == 0:
-                done()
+        def across_nodes(one_done: Callable[[], None]) -> None:
+            # the other nodes' workers that route to this node through this one
+            self.ask_all(lambda request_id: Barrier(request_id).encode(),
+                         lambda peer, frame, late: None, one_done,
+                         "route barrier across nodes", peers=accepted)
 
-        # the node's workers, each after the other nodes it routes for applied its routes,
-        # and the other nodes' workers that route to this node through this one
-        self.ask_all(lambda request_id: Barrier(request_id, nodes=True).encode(), on_answer,
-                     one_done, "route barrier")
-        self.ask_all(lambda request_id: Barrier(request_id).encode(),
-                     lambda peer, frame, late: None, one_done, "route barrier across nodes",
-                     peers=accepted)
+        after_both(done, within_node, across_nodes)()
 
     def _on_barrier(self, peer: int, frame: Barrier) -> None:
         self.answer_barrier(peer, frame)

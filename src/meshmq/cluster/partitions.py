@@ -62,6 +62,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from meshmq.broker.interfaces import (
@@ -86,6 +87,7 @@ from meshmq.cluster.codec import (
     Synced,
     new_named,
 )
+from meshmq.completions import after_both
 from meshmq.log.record import new_message_id
 from meshmq.log.view import LogView
 from meshmq.mqtt.reason_codes import ReasonCode
@@ -345,9 +347,14 @@ class PartitionedLog(LogAccess):
             self._unknown(request_id, f"no answer from its leader within {APPEND_TIMEOUT:.0f} s",
                           late=True)
 
-    def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
+    def _led_elsewhere(self, partition: int) -> RemoteLog | None:
+        """The reader of ``partition`` when another node leads it (the metadata on)."""
         remote = self.remote
-        if remote is not None and remote.elsewhere(partition):
+        return remote if remote is not None and remote.elsewhere(partition) else None
+
+    def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
+        remote = self._led_elsewhere(partition)
+        if remote is not None:
             return remote.read(partition, offset, max_records)
         if self.leadership.leads(partition):
             return self.local.read(partition, offset, max_records)
@@ -360,16 +367,16 @@ class PartitionedLog(LogAccess):
         return self.leadership.leads(partition) and (remote is None or remote.here(partition))
 
     def earliest_offset(self, partition: int) -> int:
-        remote = self.remote
-        if remote is not None and remote.elsewhere(partition):
+        remote = self._led_elsewhere(partition)
+        if remote is not None:
             return remote.earliest[partition]
         if self.leadership.leads(partition):
             return self.local.earliest_offset(partition)
         return self.view.earliest_offset(partition)
 
     def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None:
-        remote = self.remote
-        if remote is not None and remote.elsewhere(partition):
+        remote = self._led_elsewhere(partition)
+        if remote is not None:
             return remote.offset_for_timestamp(partition, timestamp_ms)
         if self.leadership.leads(partition):
             return self.local.offset_for_timestamp(partition, timestamp_ms)
@@ -385,15 +392,7 @@ class PartitionedLog(LogAccess):
         remote = self.remote
         if remote is None:
             return self.sync_workers(done)
-        waiting = [2]
-
-        def one_done() -> None:
-            waiting[0] -= 1
-            if waiting[0] == 0:
-                done()
-
-        self.sync_workers(one_done)
-        remote.sync(one_done, timestamp_ms)
+        after_both(done, self.sync_workers, partial(remote.sync, timestamp_ms=timestamp_ms))()
 
     def sync_workers(self, done: Callable[[], None]) -> None:
         """Ask every partition leader of this node for its high watermarks (as of after our
@@ -418,18 +417,16 @@ class PartitionedLog(LogAccess):
         """A leader's high watermarks, after everything it sent before."""
         view = self.high_watermark
         leads = self.leadership.leads
-        remote = self.remote
         for partition, high in highs.items():
-            if partition < len(view) and not leads(partition) and high > view[partition] and (
-                    remote is None or not remote.elsewhere(partition)):
+            if partition < len(view) and not leads(partition) and high > view[partition] \
+                    and self._led_elsewhere(partition) is None:
                 view[partition] = high
 
     def leader_highs(self) -> Highs:
         """The high watermarks of the partitions this worker leads (for HELLO, barriers);
         not those another node leads (its view of them is not a leader's)."""
-        remote = self.remote
         return {p: self.high_watermark[p] for p in self.leadership.mine
-                if remote is None or not remote.elsewhere(p)}
+                if self._led_elsewhere(p) is None}
 
     def _on_link_up(self, peer: int, hello: Hello) -> None:
         self.synced(hello.highs)

@@ -47,7 +47,7 @@ import logging
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable
-from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from meshmq.cluster.codec import (
@@ -144,10 +144,7 @@ class RemoteLog:
 
     def _refresh(self, node_id: str) -> None:
         """Ask ``node_id`` for its high watermarks (after a route barrier)."""
-        link = self.links.dialed(node_id)
-        if link is None or link.peer is None:
-            return  # (when its link comes up)
-        self.sync_nodes(lambda: None, peers=[link.peer])
+        self._ask_highs({node_id}, lambda: None)
 
     # ------------------------------------------------------------------ the view
 
@@ -155,16 +152,16 @@ class RemoteLog:
         """Ask every leader node of a partition led elsewhere for its high watermarks, after
         a route barrier (and, ``timestamp_ms``, the offsets at that time); then ``done()``.
         A node that is not linked or does not answer is passed over."""
-        nodes = {placed[0] for placed in self.placements.leaders
-                 if placed is not None and placed[0] != self.node_id}
+        self._ask_highs({placed[0] for placed in self.placements.leaders
+                         if placed is not None and placed[0] != self.node_id},
+                        done, timestamp_ms)
+
+    def _ask_highs(self, nodes: set[str], done: Callable[[], None],
+                   timestamp_ms: int | None = None) -> None:
         peers = [link.peer for node_id in sorted(nodes)
                  if (link := self.links.dialed(node_id)) is not None and link.peer is not None]
         if not peers:
-            return done()
-        self.sync_nodes(done, peers, timestamp_ms)
-
-    def sync_nodes(self, done: Callable[[], None], peers: list[int],
-                   timestamp_ms: int | None = None) -> None:
+            return done()  # (a node not linked is asked when its link comes up)
         mesh = self.mesh
         stamp = -1 if timestamp_ms is None else timestamp_ms
 
@@ -191,7 +188,7 @@ class RemoteLog:
             if partition >= len(view):
                 continue
             placed = leaders[partition]
-            if placed is None or placed[0] != node_id or node_id == self.node_id:
+            if placed is None or placed[0] != node_id:
                 continue  # (moved meanwhile: asked again)
             if high > view[partition]:
                 view[partition] = high
@@ -214,7 +211,7 @@ class RemoteLog:
         for first, records in reversed(self._chunks[partition].items()):
             last = records[-1].offset
             if first <= offset <= last:
-                at = bisect_left(records, offset, key=_offset_of)
+                at = bisect_left(records, offset, key=attrgetter("offset"))
                 found = records[at:at + max_records]
                 if 2 * (at + len(found)) > len(records) and last + 1 < self.view[partition] \
                         and not self._cached(partition, last + 1):
@@ -244,17 +241,15 @@ class RemoteLog:
             if frame is not None and not late:
                 got[0] = self._records(partition, offset, frame)
 
-        def finished() -> None:
-            if got[0]:
-                reading.discard(offset)
-                self._wake()
-                return
-            # nothing came (no answer, moved, or nothing there yet): not asked again at once
-            self.mesh.call_at(self.mesh.io.now() + RETRY_AFTER, partial(again, offset))
-
-        def again(offset: int) -> None:
+        def again() -> None:
             reading.discard(offset)
             self._wake()
+
+        def finished() -> None:
+            if got[0]:
+                return again()
+            # nothing came (no answer, moved, or nothing there yet): not asked again at once
+            self.mesh.call_at(self.mesh.io.now() + RETRY_AFTER, again)
 
         self.mesh.ask_all(lambda request_id: LogRead(request_id, READ_RECORDS, partition,
                                                      offset, FETCH_RECORDS).encode(),
@@ -263,9 +258,8 @@ class RemoteLog:
 
     def _records(self, partition: int, offset: int, frame: LogData) -> bool:
         """Keep the records an answer brought; True if it brought any (or an end)."""
-        for _partition, _high, earliest, _at in frame.ends[:1]:
-            if earliest > self.earliest[partition]:
-                self.earliest[partition] = earliest
+        if frame.ends:  # (the partition's own ends)
+            self.earliest[partition] = max(self.earliest[partition], frame.ends[0][2])
         if frame.status != DATA_OK:
             if frame.status == DATA_NOT_LEADER:
                 log.info("log read of partition %d: that node no longer leads it", partition)
@@ -341,10 +335,3 @@ class RemoteLog:
             ends.append((partition, self.view[partition],
                          partitions.earliest_offset(partition), at))
         return ends
-
-    def statistics(self) -> dict[str, int]:
-        return dict(self.counters)
-
-
-def _offset_of(record: Record) -> int:
-    return record.offset

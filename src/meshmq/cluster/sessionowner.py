@@ -160,6 +160,3 @@ class SessionOwners:
         """(this node's worker) A claim for a client id this worker owns."""
         link = self.mesh.incarnation(peer)
         self.mesh.send(peer, SessionOwned(frame.request_id, self.draw()).encode(), link)
-
-    def statistics(self) -> dict[str, int]:
-        return dict(self.counters)
