@@ -164,3 +164,42 @@ def test_a_node_that_does_not_lead_the_partition_serves_nothing_and_is_asked_aga
     assert reader.log.read(partition, 0, 10) == []
     settle(net)
     assert other.remote.counters["log_reads_served"] == served + 1
+
+
+def test_before_the_partitions_are_placed_a_read_brings_nothing_and_the_placement_wakes_it(
+        tmp_path: Path) -> None:
+    """A worker that just started has not reached the metadata: a partition not placed yet
+    may be led by another node, so this node's own log (empty for it) is no answer. A read
+    there (a forwarded record's place moved the view past it) brings nothing instead of
+    raising out of the log; once placed elsewhere, the catch-ups are woken and it is read
+    from the leader."""
+    net = ClusterNet({"a": 1, "b": 1}, log_dir=tmp_path)
+    partition = joined(net, {"a": "b", "b": "b"})
+    serve_from_memory(net.of("b"))
+    published(net, 3)
+    reader = net.of("a")
+    placements = reader.remote.placements
+    placed = list(placements.leaders)
+    placements.leaders = [None] * PARTITIONS  # (as in a worker started again)
+
+    def own_log(partition: int, offset: int, max_records: int) -> list[Record]:
+        if offset > 0:  # this node's log holds nothing of it: above its end
+            raise OffsetOutOfRange(offset, 0, 0)
+        return []
+
+    reader.log.local.read = own_log
+    assert reader.log.read(partition, 1, 10) == []
+    assert not reader.log.views_known()
+    settle(net)
+    assert reader.remote.counters["log_reads_sent"] == 0  # nowhere to ask yet
+
+    woken = reader.woken
+    placements.leaders = placed
+    for placed_anew in placements.on_change:
+        placed_anew(list(range(PARTITIONS)))
+    assert reader.woken > woken
+    settle(net)
+    assert reader.log.views_known()
+    assert reader.log.read(partition, 1, 10) == []  # asked for
+    settle(net)
+    assert [r.payload for r in reader.log.read(partition, 1, 10)] == [b"m1", b"m2"]

@@ -8,11 +8,13 @@ any node reads every partition, at the same offsets everywhere.
 
 from __future__ import annotations
 
+import queue
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from nodes import Nodes
 from paho.mqtt.packettypes import PacketTypes
 from test_cluster import acknowledged, start_cluster
@@ -185,7 +187,10 @@ def test_a_restarted_nodes_offline_session_reads_what_it_missed_from_the_other_n
         firsts: dict[int, list[str]] = defaultdict(list)
         again = []
         while any(len(firsts[p]) < len(expected[p]) for p in topics):
-            payload = back.expect(timeout=30).payload.decode()
+            try:
+                payload = back.expect(timeout=30).payload.decode()
+            except queue.Empty:
+                pytest.fail(f"nothing more in 30 s; got {dict(firsts)}, again {again}")
             if payload == "probe" or payload in firsts[int(payload.split(":")[0])]:
                 again.append(payload)
             else:

@@ -352,8 +352,16 @@ class PartitionedLog(LogAccess):
         remote = self.remote
         return remote if remote is not None and remote.elsewhere(partition) else None
 
+    def _read_remotely(self, partition: int) -> RemoteLog | None:
+        """The reader of ``partition`` unless this node is known to lead it (the metadata
+        on): a partition not placed yet (a worker that just started has not reached the
+        metadata) may be led elsewhere, so this node's log is no answer for it; its reads
+        bring nothing until it is placed (which wakes the catch-ups)."""
+        remote = self.remote
+        return remote if remote is not None and not remote.here(partition) else None
+
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
-        remote = self._led_elsewhere(partition)
+        remote = self._read_remotely(partition)
         if remote is not None:
             return remote.read(partition, offset, max_records)
         if self.leadership.leads(partition):
@@ -367,7 +375,7 @@ class PartitionedLog(LogAccess):
         return self.leadership.leads(partition) and (remote is None or remote.here(partition))
 
     def earliest_offset(self, partition: int) -> int:
-        remote = self._led_elsewhere(partition)
+        remote = self._read_remotely(partition)
         if remote is not None:
             return remote.earliest[partition]
         if self.leadership.leads(partition):
@@ -375,7 +383,7 @@ class PartitionedLog(LogAccess):
         return self.view.earliest_offset(partition)
 
     def offset_for_timestamp(self, partition: int, timestamp_ms: int) -> int | None:
-        remote = self._led_elsewhere(partition)
+        remote = self._read_remotely(partition)
         if remote is not None:
             return remote.offset_for_timestamp(partition, timestamp_ms)
         if self.leadership.leads(partition):
