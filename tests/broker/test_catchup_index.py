@@ -11,6 +11,7 @@ from meshmq.broker import catchup as catchup_module
 from meshmq.broker.catchup import CatchUp, index_restored
 from meshmq.broker.message import Message
 from meshmq.broker.session import Subscription
+from meshmq.log.errors import CorruptSegment
 from meshmq.log.record import Record
 from meshmq.mqtt.packets import SubscriptionOptions
 from meshmq.mqtt.topics import topic_matches
@@ -212,3 +213,39 @@ def test_a_catch_up_under_way_knows_what_it_read_already() -> None:
     assert catchup.read_before("a/1", 0, 1)  # read: a copy of it now comes twice
     assert not catchup.read_before("a/1", 0, 2)  # still to read
     assert catchup.covers("a/1", (0, 3))
+
+
+def test_a_read_that_fails_stops_that_partition_there_and_harms_nothing_else() -> None:
+    """Damaged stored bytes (or a view ahead of the log): the catch-up delivers the other
+    partitions, skips nothing of the failing one, raises nothing (the error would reach the
+    loop and close the connection or mesh link whose event woke the session), and reads on
+    from there once the log reads again."""
+    log_ = ListLog(2, led=set())
+    filters = ["dev/#"]
+    catchup = CatchUp(log_)  # type: ignore[arg-type]
+    catchup.add(filters[0], None, [0, 0])
+    for n in range(6):
+        route(log_, catchup, n % 2, "dev/1", filters)
+    healthy = log_.read
+    failing = [True]
+
+    def read(partition: int, offset: int, max_records: int) -> list[Record]:
+        if partition == 1 and failing[0]:
+            raise CorruptSegment(f"{partition}/00000000.log", 0, "checksum mismatch")
+        return healthy(partition, offset, max_records)
+
+    log_.read = read  # type: ignore[method-assign]
+    got: list[tuple[int, int]] = []
+
+    def deliver(message: Message, subscription: Subscription, dup: bool) -> bool:
+        assert message.position is not None
+        got.append(message.position)
+        return True
+
+    for _ in range(3):
+        catchup.step(1000, {"dev/#": SUBSCRIPTION}, deliver, 0.0)
+    assert got == [(0, 0), (0, 1), (0, 2)] and not catchup.finished
+    assert catchup.cursor() == [3, 0]
+    failing[0] = False
+    got += read_all(catchup, filters)
+    assert got == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]

@@ -121,6 +121,7 @@ class CatchUp:
     lost: int = 0  # records deleted by retention before this session could read them
     syncing: int = 0  # waiting for the leaders' high watermarks (PartitionLog.sync)
     _skipped: dict[int, int] = field(default_factory=dict)
+    _failing: set[int] = field(default_factory=set)  # partitions whose read failed (logged)
     _matched: dict[tuple[str, str], bool] = field(default_factory=dict)
     # per partition: from this offset on, _index lists every record this catch-up delivers
     _indexed_from: list[int] | None = None
@@ -316,15 +317,28 @@ class CatchUp:
         log_ = self.persistence
         try:
             return log_.read(partition, offset, min(limit, CHUNK_RECORDS))
-        except OffsetOutOfRange:
+        except OffsetOutOfRange as error:
             earliest = log_.earliest_offset(partition)
             if earliest <= offset:
-                raise
+                return self._unreadable(partition, offset, error)
             self.lost += earliest - offset
             log.warning("catch-up skipped records deleted by retention partition=%d "
                         "offsets=%d..%d", partition, offset, earliest - 1)
             self._skipped[partition] = earliest
             return []
+        except (OSError, LogError) as error:
+            return self._unreadable(partition, offset, error)
+
+    def _unreadable(self, partition: int, offset: int, error: Exception) -> list[Record]:
+        """A read that failed (damaged stored bytes, a view ahead of the log): nothing now,
+        read again on the next step. The catch-up waits at that offset: it skips nothing, and
+        the error does not reach the loop (it would close the connection or the mesh link
+        whose event woke this session). Logged once per partition."""
+        if partition not in self._failing:
+            self._failing.add(partition)
+            log.error("catch-up cannot read partition=%d offset=%d error=%r (it waits there)",
+                      partition, offset, error)
+        return []
 
     def _deliver(
         self, record: Record, partition: int, subscriptions: dict[str, Subscription],
