@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from meshmq.log.browse import Cursor, Follower, Selection
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
 from meshmq.log.errors import CorruptSegment
@@ -235,3 +236,45 @@ def test_the_tools_see_the_zeros_as_the_end_not_as_damage(tmp_path: Path) -> Non
     report = verify(directory, live=False)  # not as a write in progress: as the end
     assert report.clean and report.records == 40, [p.describe() for p in report.problems]
     log.close()
+
+
+def test_log_tail_follows_across_the_zeros_without_a_warning(tmp_path: Path) -> None:
+    log, path = preallocated_log(tmp_path)
+    warnings: list[str] = []
+    follower = Follower(LogDirectory.locate(tmp_path), [Cursor(0, 0, 0, 0)], Selection((0,)),
+                        warnings.append)
+    assert [r.offset for _, r in follower.poll()] == list(range(40))
+    assert follower.poll() == []
+    written = log.partition(0).statistics().size_bytes
+    batch = encode_batch(records(40, 3), 40)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, batch[:50], written)  # a write in progress, zeros after it
+        assert follower.poll() == []
+        os.pwrite(fd, batch[50:], written + 50)
+    finally:
+        os.close(fd)
+    assert [r.offset for _, r in follower.poll()] == [40, 41, 42]
+    assert warnings == []
+    log.close()
+
+
+def test_the_first_sync_after_opening_is_a_full_fsync(tmp_path: Path) -> None:
+    """A kill -9 between a preallocation and its fsync leaves a size that is not durable: the
+    process that opens the segment next must not trust it with an fdatasync."""
+    partition = Partition(tmp_path, CONFIG, now_ms=T0)
+    partition.append(records(0, 5), T0)  # preallocated, never synced: killed now
+    syncs = Syncs()
+    reopened = Partition(tmp_path, CONFIG, fsync=syncs.fsync, datasync=syncs.fdatasync,
+                         now_ms=T0)
+    size = active_path(tmp_path, reopened).stat().st_size
+    assert reopened.statistics().size_bytes < CHUNK == size
+    syncs.take()
+    reopened.append(records(5, 5), T0)
+    reopened.flush()
+    assert syncs.take() == ["fsync"]
+    reopened.append(records(10, 5), T0)
+    reopened.flush()
+    assert syncs.take() == ["fdatasync"]
+    reopened.close()
+    partition.close()

@@ -35,9 +35,10 @@ Invariants
 * Bytes ``[0, size)`` of the ``.log`` file are whole, verified batches with increasing offsets
   between ``base_offset`` and ``base_offset + 2**32 - 1``; the file is ``file_size`` long and
   bytes ``[size, file_size)`` are zeros (preallocated), unless ``damage`` is set.
-* ``size_changes`` counts the changes of the file's size; a full fsync after the change
-  numbered ``n`` makes ``durable_size_changes`` >= ``n``; ``flush()`` uses ``fdatasync`` only
-  when the two are equal.
+* ``size_changes`` counts the changes of the file's size since it was opened; a full fsync
+  after the change numbered ``n`` makes ``durable_size_changes`` >= ``n`` (-1 until the
+  first: the size found at open is not known to be durable); a sync of data written at change
+  ``n`` is an ``fdatasync`` only when ``n <= durable_size_changes``.
 * Every index entry names the start of a batch in ``[0, size)`` (see ``index.py``).
 * Not thread-safe: the owning ``Partition`` serializes every call.
 """
@@ -116,7 +117,9 @@ class LogSegment:
         self._preallocate = preallocate_bytes
         self.file_size = 0  # the .log file's length: size plus the preallocated zeros
         self.size_changes = 0
-        self.durable_size_changes = 0
+        # The size found at open may not be durable (a preallocation, then kill -9 before its
+        # fsync): the first sync is a full one.
+        self.durable_size_changes = -1
         self._state = _ScanState(0, base_offset)
         self.damage: CorruptSegment | None = None
         self.kept_tail: Path | None = None  # where ``recover()`` kept the file it cut
@@ -297,7 +300,7 @@ class LogSegment:
         file's size has changed ``size_changes`` times (read under the lock when the data to
         make durable was written). A full fsync when the size may not be durable yet,
         ``fdatasync`` when it is."""
-        if size_changes == self.durable_size_changes:
+        if size_changes <= self.durable_size_changes:
             self._datasync(fd)
             return
         self._fsync(fd)
