@@ -26,12 +26,13 @@ truncates a file.
   owner preallocates the active segment: its written batches are followed by zeros, and a
   batch being written is followed by zeros too). The caller decides: stop quietly at a
   tolerated tail, or raise (``Tail.error()`` is the ``CorruptSegment`` for it).
-* "Only zeros follow" is judged on the bytes the walk read (at least ``ZERO_PROBE_BYTES``), not
-  up to the end of the preallocated file, so that a reader at the end of the log does not
-  read megabytes of zeros each time. A write in progress is copied into the page cache in
-  file order, but a read racing with it may see a later page written and an earlier one not
-  yet: so a failure in an unsealed segment that is not tolerated is read once more before it
-  is reported (by then the earlier page has been copied).
+* "Only zeros follow" is judged on the ``ZERO_PROBE_BYTES`` after the batch, not up to the end
+  of the preallocated file, so that a reader at the end of the log does not read and compare
+  megabytes of zeros each time (damage followed by that many zeros in the active segment
+  therefore reads as its end until the segment is sealed). A write in progress is copied into
+  the page cache in file order, but a read racing with it may see a later page written and an
+  earlier one not yet: so a failure in an unsealed segment that is not tolerated is read once
+  more before it is reported (by then the earlier page has been copied).
 * The ``.index``/``.timeindex`` files are caches written without fsync, so they are hints: an
   entry is used only when a batch with the expected base offset starts where it points;
   otherwise the walk starts at byte 0. A torn last entry is left out.
@@ -70,7 +71,7 @@ from meshmq.log.record import (
 )
 
 WALK_BYTES = 64 * 1024  # header walks (seeks, timestamps, next_offset) read this much at once
-ZERO_PROBE_BYTES = 4096  # zeros after a failed batch, at least this many (or to EOF): its end
+ZERO_PROBE_BYTES = 4096  # this many zeros after a failed batch (or to EOF): nothing follows it
 LISTING_ATTEMPTS = 8  # retention may delete a listed segment before it is opened
 
 BatchCheck = Callable[[bytes, int], BatchHeader]
@@ -412,14 +413,14 @@ class Walk:
                           unwritten=self._zeros_from(after, data, position - at))
 
     def _zeros_from(self, start: int, data: bytes, data_start: int) -> bool:
-        """Whether the file holds only zeros from byte ``start`` on, as far as ``data`` (file
-        bytes from ``data_start``) shows, or ``ZERO_PROBE_BYTES`` read for the purpose."""
-        if start >= self.size:
+        """Whether the file holds only zeros in the ``ZERO_PROBE_BYTES`` from byte ``start``
+        (or up to its end), from ``data`` (file bytes from ``data_start``) when it has them."""
+        end = min(self.size, start + ZERO_PROBE_BYTES)
+        if start >= end:
             return True
-        data_end = data_start + len(data)
-        if data_end >= min(self.size, start + ZERO_PROBE_BYTES):
-            return all_zero(data, max(start - data_start, 0), len(data))
-        probe = os.pread(self.segment.fd, min(ZERO_PROBE_BYTES, self.size - start), start)
+        if data_start <= start and end <= data_start + len(data):
+            return all_zero(data, start - data_start, end - data_start)
+        probe = os.pread(self.segment.fd, end - start, start)
         return all_zero(probe, 0, len(probe))
 
     def read_again(self, position: int) -> bool:
