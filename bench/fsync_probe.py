@@ -2,10 +2,12 @@
 
 Usage::
 
-    .venv/bin/python bench/fsync_probe.py [--appends N] [--size B] [--repeat R] [--dir D]
+    .venv/bin/python bench/fsync_probe.py [--appends N] [--size B] [--files F] [--repeat R]
+        [--dir D]
 
-Each mode appends ``N`` writes of ``B`` bytes to a fresh file in ``D`` and syncs after each,
-as the log does under ``fsync = always`` with one record per loop turn:
+Each mode appends ``N`` writes of ``B`` bytes to each of ``F`` fresh files in ``D`` and, after
+each round of writes, syncs the files one after the other, as the log does under ``fsync =
+always`` for a loop turn that touched ``F`` partitions (timed: the round's syncs together):
 
 * ``grow+fsync``: the file grows with every write, ``os.fsync`` (the log before
   preallocation);
@@ -43,21 +45,24 @@ def _prepare(path: str, mode: str, total: int) -> int:
     return fd
 
 
-def one_mode(directory: str, mode: str, appends: int, size: int) -> list[float]:
-    path = os.path.join(directory, f"probe-{mode}")
-    fd = _prepare(path, mode, appends * size)
+def one_mode(directory: str, mode: str, appends: int, size: int, files: int) -> list[float]:
+    paths = [os.path.join(directory, f"probe-{mode}-{n}") for n in range(files)]
+    fds = [_prepare(path, mode, appends * size) for path in paths]
     sync: Callable[[int], None] = os.fsync if mode == "grow+fsync" else os.fdatasync
     data = os.urandom(size)
     timings = []
     try:
         for n in range(appends):
-            os.pwrite(fd, data, n * size)
+            for fd in fds:
+                os.pwrite(fd, data, n * size)
             started = time.perf_counter()
-            sync(fd)
+            for fd in fds:
+                sync(fd)
             timings.append(time.perf_counter() - started)
     finally:
-        os.close(fd)
-        os.unlink(path)
+        for fd, path in zip(fds, paths, strict=True):
+            os.close(fd)
+            os.unlink(path)
     return timings
 
 
@@ -65,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--appends", type=int, default=2000)
     parser.add_argument("--size", type=int, default=200)
+    parser.add_argument("--files", type=int, default=1, help="files synced per round")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", default=None, help="directory on the disk to probe")
     args = parser.parse_args()
@@ -74,7 +80,8 @@ def main() -> None:
             order = modes if run % 2 == 0 else modes[::-1]
             medians = {}
             for mode in order:
-                timings = sorted(one_mode(directory, mode, args.appends, args.size))
+                timings = sorted(one_mode(directory, mode, args.appends, args.size,
+                                          args.files))
                 medians[mode] = statistics.median(timings)
                 p99 = timings[int(len(timings) * 0.99)]
                 print(f"run {run} {mode:22s} p50 {medians[mode] * 1e6:7.1f} µs  "
