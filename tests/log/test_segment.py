@@ -252,15 +252,18 @@ def test_recover_without_truncation_refuses_a_torn_tail(written, tmp_path: Path)
     assert caught.value.position == positions[-1]
 
 
-def test_zero_filled_tail_is_truncated(written, tmp_path: Path) -> None:
+def test_a_zero_tail_is_preallocated_space_not_a_torn_tail(written, tmp_path: Path) -> None:
     directory, _, records = written
     copy = copy_log(directory, tmp_path / "zeros")
     log_file = copy / segment_file_name(BASE, ".log")
     size = log_file.stat().st_size
     log_file.write_bytes(log_file.read_bytes() + bytes(4096))
     segment = open_segment(copy)
-    assert segment.recover() == 4096
+    assert segment.damage is None and segment.recover() == 0 and segment.kept_tail is None
     assert segment.size == size and read_all(segment) == records
+    assert log_file.stat().st_size == size + 4096  # kept for the next appends
+    segment.trim()
+    assert log_file.stat().st_size == size
 
 
 @pytest.mark.parametrize("offset", [BASE, BASE + 1, BASE + 3, BASE + 61, BASE + 119, BASE + 500])

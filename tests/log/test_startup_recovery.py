@@ -36,11 +36,17 @@ def active_segment(data_dir: Path) -> Path:
 
 
 def batch_positions(data: bytes) -> list[int]:
+    """Where the batches start; they end at the zeros preallocated after them (magic 0)."""
     positions, position = [], 0
-    while position < len(data):
+    while position < len(data) and data[position] != 0:
         positions.append(position)
         position += peek_batch_header(data, position).batch_length
     return positions
+
+
+def written_end(data: bytes) -> int:
+    last = batch_positions(data)[-1]
+    return last + peek_batch_header(data, last).batch_length
 
 
 def test_a_torn_tail_is_cut_at_start_up_and_the_file_kept(tmp_path: Path) -> None:
@@ -48,21 +54,45 @@ def test_a_torn_tail_is_cut_at_start_up_and_the_file_kept(tmp_path: Path) -> Non
     publish_one_by_one(broker.port)
     broker.stop(signal.SIGKILL)
     segment = active_segment(broker.data_dir)
-    good = segment.read_bytes()
+    data = segment.read_bytes()
+    good, preallocated = data[: written_end(data)], len(data) - written_end(data)
+    assert preallocated > 100 and data[len(good):] == bytes(preallocated)
     torn_write = encode_batch([Record.new("plant/line1/temp", b"never acknowledged", 1)],
                               base_offset=MESSAGES)[:-9]  # a crash in the middle of a write
-    segment.write_bytes(good + torn_write)
+    crashed = good + torn_write + bytes(preallocated - len(torn_write))  # into the zeros
+    segment.write_bytes(crashed)
 
     restarted = start_broker(tmp_path, CONFIG)
     restarted.stop()
     warning = re.search(r"WARNING .*cut (\d+) bytes of torn or corrupt tail at byte (\d+) .*"
-                        r"the file as it was is kept in (\S+)", restarted.log())
+                        r"the last (\d+) of them zeros.* the file as it was is kept in (\S+)",
+                        restarted.log())
     assert warning, restarted.log()
-    assert (int(warning[1]), int(warning[2])) == (len(torn_write), len(good))
-    kept = Path(warning[3])
+    assert (int(warning[1]), int(warning[2])) == (preallocated, len(good))
+    assert int(warning[1]) - int(warning[3]) == len(torn_write)
+    kept = Path(warning[4])
     assert kept.parent.parent == segment.parent and kept.parent.name.startswith("repair-backup-")
-    assert kept.read_bytes() == good + torn_write
-    assert segment.read_bytes()[: len(good)] == good  # every acknowledged record is still there
+    assert kept.read_bytes() == crashed
+    assert segment.read_bytes() == good  # every acknowledged record is still there (closed)
+
+
+def test_a_kill_leaves_zeros_that_a_restart_reads_as_the_end_of_the_log(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path, CONFIG)
+    publish_one_by_one(broker.port)
+    broker.stop(signal.SIGKILL)
+    segment = active_segment(broker.data_dir)
+    data = segment.read_bytes()
+    assert len(batch_positions(data)) == MESSAGES and data[written_end(data)] == 0
+
+    restarted = start_broker(tmp_path, CONFIG)
+    with RawClient(restarted.port) as client:  # the log goes on right after the last record
+        client.connect("writer")
+        client.send(Publish("plant/line1/temp", b"after the restart", 1, packet_id=1))
+        assert client.recv_type(Puback).packet_id == 1
+    restarted.stop()
+    assert "torn" not in restarted.log() and "repair-backup" not in restarted.log()
+    data = segment.read_bytes()
+    assert len(batch_positions(data)) == MESSAGES + 1 and written_end(data) == len(data)
 
 
 def test_damage_before_good_records_stops_the_broker_naming_log_repair(tmp_path: Path) -> None:

@@ -10,11 +10,13 @@ batch from the end, until it has the last N matching records.
 
 ``Follower`` keeps a ``Cursor`` per partition (segment, byte position, next offset) and polls:
 it lists the partition's segments first, then reads the current segment from the cursor to its
-end. A complete batch is returned and the cursor moves past it; an incomplete one at the end is
-a write in progress, read again at the next poll. When the listing (taken *before* the read)
-shows a later segment, the current one was sealed before the read, so once it is read to the
-end the cursor moves on to the next segment. A segment deleted by retention under a slow
-cursor makes it jump to the next segment, with a warning.
+end. A complete batch is returned and the cursor moves past it; an incomplete one at the end, or
+one only zeros follow (the space the broker preallocates), is a write in progress, read again
+at the next poll. So is, once, any other damage in a segment not known to be sealed: a read
+racing with a write may see a later page of it copied and an earlier one not yet. When the
+listing (taken *before* the read) shows a later segment, the current one was sealed before the
+read, so once it is read to the end the cursor moves on to the next segment. A segment deleted
+by retention under a slow cursor makes it jump to the next segment, with a warning.
 
 Damage never stops a read: it is reported through ``warn`` (partition, file, byte, reason)
 and the read goes on at the next valid batch. The end of a partition's last segment is not
@@ -191,6 +193,7 @@ class Follower:
     selection: Selection
     warn: Warn
     _warned: set[tuple[int, int, int]] = field(default_factory=set)
+    _suspect: set[tuple[int, int, int]] = field(default_factory=set)  # damage seen once
 
     def poll(self) -> list[tuple[int, Record]]:
         """Every new selected record since the last poll, partition by partition."""
@@ -225,6 +228,10 @@ class Follower:
             if isinstance(item, Damage):
                 if item.in_progress and not sealed:
                     break  # being written: read it again at the next poll
+                key = (segment.partition, segment.base_offset, start + item.position)
+                if not sealed and key not in self._suspect:
+                    self._suspect.add(key)
+                    break  # perhaps a racing read of a write: read it again at the next poll
                 self._warn_once(segment, start, item)
                 if item.resume is None:
                     cursor.position = start + len(data)

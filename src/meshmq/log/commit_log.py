@@ -66,10 +66,11 @@ class CommitLog:
         ``partitions``: those this process leads, the others being led by other processes of
         the node).
 
-        ``fsync`` replaces ``os.fsync`` everywhere the log syncs (tests wrap it to observe
-        durability). Raises ``LogConfigError`` on a partition-count or format mismatch,
-        ``LogDirectoryLocked`` if the directory (or one of ``partitions``) is in use,
-        ``CorruptSegment`` on corruption.
+        ``fsync`` replaces ``os.fsync`` everywhere the log syncs, and ``os.fdatasync`` too
+        (tests wrap it to observe durability; with the default, a segment's data is synced
+        with ``fdatasync`` while its preallocated size is durable). Raises ``LogConfigError``
+        on a partition-count or format mismatch, ``LogDirectoryLocked`` if the directory (or
+        one of ``partitions``) is in use, ``CorruptSegment`` on corruption.
         """
         self.config = config or LogConfig()
         self.directory = Path(data_dir) / LOG_DIRECTORY
@@ -174,7 +175,7 @@ class CommitLog:
         return sum(p.enforce_retention(now_ms) for p in self._partitions.values())
 
     def flush(self, partitions: Iterable[int] | None = None) -> None:
-        """fsync the given partitions (all by default): what was appended is now durable."""
+        """Sync the given partitions (all by default): what was appended is now durable."""
         chosen = self.owned if partitions is None else partitions
         for n in chosen:
             self.partition(n).flush()

@@ -11,6 +11,7 @@ UNLIMITED = -1
 MIB = 1024 * 1024
 DAY_MS = 24 * 3600 * 1000
 MAX_SEGMENT_BYTES_SETTING = (1 << 31) - 1  # like Kafka's segment.bytes (an int)
+DEFAULT_PREALLOCATE_BYTES = 4 * MIB  # one full fsync per 4 MiB appended; the rest fdatasync
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +22,9 @@ class LogConfig:
     once it would exceed ``segment_bytes`` or is older than ``segment_ms``; whole old segments
     are deleted beyond ``retention_bytes`` per partition or ``retention_ms`` of age (-1: keep
     forever). ``key_level`` picks the topic level hashed to choose a partition (None: the
-    whole topic).
+    whole topic). The active segment's file is extended ``preallocate_bytes`` at a time (at
+    most ``segment_bytes``) so that appends leave its size alone and a sync can skip the
+    metadata (0: the file grows with each append, and each sync is a full fsync).
     """
 
     partitions: int = 8
@@ -31,6 +34,7 @@ class LogConfig:
     retention_ms: int = 7 * DAY_MS
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
     key_level: int | None = None
+    preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES
 
     def __post_init__(self) -> None:
         _require(1 <= self.partitions <= 65536, "partitions must be between 1 and 65536")
@@ -43,6 +47,7 @@ class LogConfig:
                  "retention_ms must be -1 (unlimited) or >= 0")
         _require(self.index_interval_bytes >= 0, "index_interval_bytes must be >= 0")
         _require(self.key_level is None or self.key_level >= 0, "key_level must be >= 0")
+        _require(self.preallocate_bytes >= 0, "preallocate_bytes must be >= 0")
 
 
 def _require(condition: bool, message: str) -> None:

@@ -14,10 +14,13 @@ written.
 that verifies and has plausible offsets (``find_verified_batch``, as recovery does) and goes on
 from there, so one walk reports every damaged region and every valid batch after it.
 
-A running broker appends to the last segment of each partition: a ``Damage`` at the end of that
-segment that runs to the end of the file is possibly a write in progress (``in_progress``), not
-corruption. ``reader.log_is_locked`` tells whether a broker holds the log, without taking the lock.
-A segment deleted by retention between listing and reading reads as ``None``.
+The batches of a segment end where only zeros follow (``record.all_zero``): the space a broker
+preallocates in the active segment for its appends (``docs/log-format.md``), which the walk
+neither yields nor calls damage. A running broker appends to the last segment of each
+partition: a ``Damage`` at the end of that segment that runs to the end of the file, or that
+only zeros follow, is possibly a write in progress (``in_progress``), not corruption.
+``reader.log_is_locked`` tells whether a broker holds the log, without taking the lock. A
+segment deleted by retention between listing and reading reads as ``None``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from meshmq.log.record import (
     MAX_BATCH_BYTES,
     NO_TIMESTAMP,
     BatchHeader,
+    all_zero,
     decode_batch,
     find_verified_batch,
     peek_batch_header,
@@ -72,11 +76,12 @@ class Damage(NamedTuple):
     claimed: tuple[int, int] | None
     reaches_end: bool  # the bad batch runs to (or past) the end of the bytes
     incomplete: bool  # the bytes end inside the batch (a torn write), not a failed check
+    zeros_after: bool = False  # only zeros follow the bad batch (written into preallocation)
 
     @property
     def in_progress(self) -> bool:
         """Could be a write still in progress (when this is the active segment's end)."""
-        return self.resume is None and (self.incomplete or self.reaches_end)
+        return self.resume is None and (self.incomplete or self.reaches_end or self.zeros_after)
 
 
 def walk_batches(data: bytes, segment_base: int, *, check: BatchCheck = verify_batch,
@@ -95,6 +100,8 @@ def walk_batches(data: bytes, segment_base: int, *, check: BatchCheck = verify_b
             header = check(data, position)
             _check_sequence(header, segment_base, expected)
         except (CorruptBatch, IncompleteBatch) as exc:
+            if all_zero(data, position, len(data)):
+                return  # preallocated space: the written batches end here
             damage = _damage(data, position, exc, segment_base, expected, check)
             yield damage
             if damage.resume is None:
@@ -126,11 +133,13 @@ def _damage(data: bytes, position: int, exc: Exception, segment_base: int, expec
         header = peek_batch_header(data, position)
         claimed = (header.base_offset, header.last_offset)
         reaches_end = position + header.batch_length >= len(data)
+        after = position + header.batch_length
     except (CorruptBatch, IncompleteBatch):
         reaches_end = len(data) - position < HEADER_SIZE
+        after = position + HEADER_SIZE  # a header being written: only it
     resume = resync(data, position + 1, segment_base, expected, check)
     return Damage(position, resume, str(exc), expected, claimed, reaches_end,
-                  isinstance(exc, IncompleteBatch))
+                  isinstance(exc, IncompleteBatch), all_zero(data, after, len(data)))
 
 
 def resync(data: bytes, start: int, segment_base: int, expected: int,
@@ -155,7 +164,8 @@ def resync(data: bytes, start: int, segment_base: int, expected: int,
 
 @dataclass(slots=True)
 class SegmentSummary:
-    """What a header scan of one segment found; ``size`` is the file size when read."""
+    """What a header scan of one segment found; ``size`` is the file size when read, less
+    the preallocated zeros after the last batch."""
 
     segment: SegmentFile
     size: int = 0
@@ -211,9 +221,24 @@ def _scan_headers(fd: int, summary: SegmentSummary) -> None:
                 summary.next_offset = first + delta + 1
                 position += length
                 continue
+        if at < len(buffer) and buffer[at] == 0 and _zeros_to_end(fd, position, size):
+            summary.size = position  # the rest is preallocated space, not data
+            return
         summary.unreadable_at = position
         summary.unreadable_reason = _header_problem(buffer, at, summary, position)
         return
+
+
+def _zeros_to_end(fd: int, position: int, size: int) -> bool:
+    """Whether the file holds only zeros from ``position`` to ``size`` (or to its end)."""
+    while position < size:
+        chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, size - position), position)
+        if not chunk:
+            return True  # cut shorter meanwhile
+        if not all_zero(chunk, 0, len(chunk)):
+            return False
+        position += len(chunk)
+    return True
 
 
 def _header_problem(buffer: bytes, at: int, summary: SegmentSummary, position: int) -> str:

@@ -6,13 +6,19 @@ Records appended to a partition get consecutive offsets from ``next_offset`` (Ka
 offset; on a single node also the high watermark). An append is encoded into record batches of
 about ``TARGET_BATCH_BYTES`` outside the state lock, then written to the active segment, which
 is first rolled (sealed and replaced by a new empty one) when the batch would take it past
-``segment_bytes`` or it is older than ``segment_ms``. Rolling fsyncs the old segment's log and
-indexes, so every sealed segment is fully durable.
+``segment_bytes`` or it is older than ``segment_ms``. Rolling cuts the preallocated zeros off the
+old segment (``LogSegment.trim``) and fsyncs its log and indexes, so every sealed segment is
+fully durable and exactly its batches.
+
+The active segment is preallocated ``LogConfig.preallocate_bytes`` at a time (at most
+``segment_bytes``), so that ``flush`` is usually an ``fdatasync`` of a file whose size is
+durable already (``segment.py`` explains when it must be a full fsync).
 
 Opening the partition is its recovery. ``close()`` leaves a ``.clean_shutdown`` marker after
 fsyncing everything; opening removes it. After an unclean stop the active (last) segment is
 verified batch by batch and a torn tail is cut off after a copy of the file is kept
-(``LogSegment.recover``). Sealed segments are loaded from their indexes and only their tails
+(``LogSegment.recover``); the zeros preallocated past the last batch are not a torn tail. Sealed
+segments are loaded from their indexes and only their tails
 are verified; any damage in a sealed segment, and corruption in the middle of the active one,
 is ``CorruptSegment``: the partition refuses to open rather than silently drop data.
 
@@ -93,14 +99,18 @@ class Partition:
     """One partition directory of ``{base_offset:020d}.log/.index/.timeindex`` files."""
 
     def __init__(self, directory: Path | str, config: LogConfig | None = None, *,
-                 fsync: FsyncFunction = os.fsync, now_ms: int | None = None) -> None:
+                 fsync: FsyncFunction = os.fsync, datasync: FsyncFunction | None = None,
+                 now_ms: int | None = None) -> None:
         """Open (or create) the partition and recover it; see ``recovery`` for what was found.
 
-        Raises ``CorruptSegment`` when a segment is damaged beyond a torn tail.
+        ``datasync``: see ``LogSegment``. Raises ``CorruptSegment`` when a segment is damaged
+        beyond a torn tail.
         """
         self.directory = Path(directory)
         self.config = config or LogConfig()
         self._fsync = fsync
+        self._datasync = datasync
+        self._preallocate = min(self.config.preallocate_bytes, self.config.segment_bytes)
         self._lock = threading.Lock()
         self._mutation_lock = threading.Lock()
         self._segments: list[LogSegment] = []
@@ -250,7 +260,8 @@ class Partition:
 
     def _roll_locked(self, now: int) -> LogSegment:
         old = self._segments[-1]
-        old.flush()
+        old.trim()  # durable (the flush) before the next segment exists: readers then know
+        old.flush()  # that a segment followed by another one ends with its last batch
         old.flush_indexes()
         new = self._create_segment(old.next_offset, now)
         self._segments.append(new)
@@ -259,10 +270,14 @@ class Partition:
     def _create_segment(self, base_offset: int, now: int) -> LogSegment:
         for suffix in SEGMENT_SUFFIXES:  # leftovers of a deleted segment must not be loaded
             (self.directory / segment_file_name(base_offset, suffix)).unlink(missing_ok=True)
-        segment = LogSegment(self.directory, base_offset, fsync=self._fsync, now_ms=now,
-                             index_interval_bytes=self.config.index_interval_bytes)
+        segment = self._open_segment(base_offset, now)
         fsync_directory(self.directory, self._fsync)
         return segment
+
+    def _open_segment(self, base_offset: int, now: int) -> LogSegment:
+        return LogSegment(self.directory, base_offset, fsync=self._fsync,
+                          datasync=self._datasync, preallocate_bytes=self._preallocate,
+                          now_ms=now, index_interval_bytes=self.config.index_interval_bytes)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -376,12 +391,14 @@ class Partition:
         del self._segments[start:]
 
     def flush(self) -> None:
-        """fsync the active segment: every record appended before the call is durable."""
+        """Sync the active segment: every record appended before the call is durable."""
         with self._lock:
             self._check_open()
-            fd = os.dup(self._segments[-1].fileno())
+            segment = self._segments[-1]
+            fd = os.dup(segment.fileno())
+            size_changes = segment.size_changes
         try:
-            self._fsync(fd)
+            segment.sync(fd, size_changes)  # fdatasync when the size is durable already
         finally:
             os.close(fd)
 
@@ -392,6 +409,7 @@ class Partition:
                 return
             self._closed = True
             try:
+                self._segments[-1].trim()
                 self._segments[-1].flush()
                 self._segments[-1].flush_indexes()
                 create_durably(self.directory / CLEAN_SHUTDOWN_FILE, self._fsync)
@@ -422,9 +440,7 @@ class Partition:
 
     def _open_segments(self, clean: bool, now: int) -> int:
         for base in list_segment_bases(self.directory):
-            self._segments.append(LogSegment(
-                self.directory, base, index_interval_bytes=self.config.index_interval_bytes,
-                fsync=self._fsync, now_ms=now))
+            self._segments.append(self._open_segment(base, now))
         if not self._segments:
             self._segments.append(self._create_segment(0, now))
         for previous, segment in zip(self._segments, self._segments[1:], strict=False):
@@ -432,6 +448,9 @@ class Partition:
                 raise previous.damage
             if previous.next_offset > segment.base_offset:
                 raise CorruptSegment(segment.log_path, 0, "overlaps the previous segment")
+            if previous.file_size > previous.size:  # a roll's trim lost in a crash: redo it
+                previous.trim()
+                previous.flush()
         last = self._segments[-1]
         return last.recover() if not clean or last.damage is not None else 0
 

@@ -20,10 +20,19 @@ truncates a file.
   the walk began, read a chunk at a time (``os.pread``). A batch passes the ``check`` given
   (``read_batch_header`` for a cheap header walk whose caller decodes later, ``verify_batch``
   for checksums). When the walk cannot get past a batch it stops without raising and records
-  a ``Tail``: where, why, and whether it may be a write in progress (the file ends inside the
-  batch, or the batch fails its checks and ends exactly at the end of the file, in a segment
-  not known to be sealed). The caller decides: stop quietly at a tolerated tail, or raise
-  (``Tail.error()`` is the ``CorruptSegment`` for it).
+  a ``Tail``: where, why, and whether it may be a write in progress or the end of the written
+  data, in a segment not known to be sealed: the file ends inside the batch, or the batch
+  fails its checks and ends exactly at the end of the file, or only zeros follow it (the
+  owner preallocates the active segment: its written batches are followed by zeros, and a
+  batch being written is followed by zeros too). The caller decides: stop quietly at a
+  tolerated tail, or raise (``Tail.error()`` is the ``CorruptSegment`` for it).
+* "Only zeros follow" is judged on the ``ZERO_PROBE_BYTES`` after the batch, not up to the end
+  of the preallocated file, so that a reader at the end of the log does not read and compare
+  megabytes of zeros each time (damage followed by that many zeros in the active segment
+  therefore reads as its end until the segment is sealed). A write in progress is copied into
+  the page cache in file order, but a read racing with it may see a later page written and an
+  earlier one not yet: so a failure in an unsealed segment that is not tolerated is read once
+  more before it is reported (by then the earlier page has been copied).
 * The ``.index``/``.timeindex`` files are caches written without fsync, so they are hints: an
   entry is used only when a batch with the expected base offset starts where it points;
   otherwise the walk starts at byte 0. A torn last entry is left out.
@@ -54,6 +63,7 @@ from meshmq.log.record import (
     HEADER_SIZE,
     BatchHeader,
     Record,
+    all_zero,
     decode_batch,
     peek_batch_header,
     read_batch_header,
@@ -61,6 +71,7 @@ from meshmq.log.record import (
 )
 
 WALK_BYTES = 64 * 1024  # header walks (seeks, timestamps, next_offset) read this much at once
+ZERO_PROBE_BYTES = 4096  # this many zeros after a failed batch (or to EOF): nothing follows it
 LISTING_ATTEMPTS = 8  # retention may delete a listed segment before it is opened
 
 BatchCheck = Callable[[bytes, int], BatchHeader]
@@ -318,8 +329,10 @@ class Tail:
     """Where a walk stopped before the end of the segment, and why.
 
     ``cut_short``: the file ends inside the batch; ``reaches_end``: the failed batch ends
-    exactly at the end of the file. Either, in a segment not known to be sealed, may be a write
-    in progress (or a torn tail the owner truncates when it next opens the log): ``tolerated``.
+    exactly at the end of the file; ``unwritten``: only zeros follow it (the preallocated
+    space; at ``position`` itself when nothing was written there). Any of them, in a segment
+    not known to be sealed, may be a write in progress, the end of the written data or a torn
+    tail the owner truncates when it next opens the log: ``tolerated``.
     """
 
     path: Path
@@ -328,10 +341,11 @@ class Tail:
     cut_short: bool
     reaches_end: bool
     sealed: bool
+    unwritten: bool = False
 
     @property
     def tolerated(self) -> bool:
-        return not self.sealed and (self.cut_short or self.reaches_end)
+        return not self.sealed and (self.cut_short or self.reaches_end or self.unwritten)
 
     def error(self) -> CorruptSegment:
         return CorruptSegment(self.path, self.position, self.reason)
@@ -353,22 +367,30 @@ class Walk:
         self.check = check
         self.size = segment.size()
         self.tail: Tail | None = None
+        self._read_again = -1  # the position last read once more after a failure
 
     def __iter__(self) -> Iterator[Walked]:
         position, chunk = self.start, self.chunk
         while position < self.size:
             data = os.pread(self.segment.fd, min(chunk, self.size - position), position)
-            at = 0
+            at, again = 0, False
             while True:
                 try:
                     header = self.check(data, at)
                 except IncompleteBatch:
                     break  # the buffer ends inside this batch
                 except CorruptBatch as exc:
-                    self.tail = self.failed(position + at, data, at, exc)
-                    return
+                    tail = self.failed(position + at, data, at, exc)
+                    if tail.tolerated or not self.read_again(position + at):
+                        self.tail = tail
+                        return
+                    again = True  # from this batch on, read afresh
+                    break
                 yield Walked(header, data, at, position + at)
                 at += header.batch_length
+            if again:
+                position += at
+                continue
             if at == 0:  # the first batch is longer than ``chunk``, or the file ends inside it
                 if len(data) < chunk or position + len(data) >= self.size:
                     self.tail = self._tail(position, "the file ends inside this batch",
@@ -384,14 +406,35 @@ class Walk:
             return self._tail(position, str(exc), cut_short=True)
         try:
             end = position + peek_batch_header(data, at).batch_length
+            after = end
         except (CorruptBatch, IncompleteBatch):
-            end = -1
-        return self._tail(position, str(exc), reaches_end=end == self.size)
+            end, after = -1, position + HEADER_SIZE  # a header being written: only it
+        return self._tail(position, str(exc), reaches_end=end == self.size,
+                          unwritten=self._zeros_from(after, data, position - at))
+
+    def _zeros_from(self, start: int, data: bytes, data_start: int) -> bool:
+        """Whether the file holds only zeros in the ``ZERO_PROBE_BYTES`` from byte ``start``
+        (or up to its end), from ``data`` (file bytes from ``data_start``) when it has them."""
+        end = min(self.size, start + ZERO_PROBE_BYTES)
+        if start >= end:
+            return True
+        if data_start <= start and end <= data_start + len(data):
+            return all_zero(data, start - data_start, end - data_start)
+        probe = os.pread(self.segment.fd, end - start, start)
+        return all_zero(probe, 0, len(probe))
+
+    def read_again(self, position: int) -> bool:
+        """Whether to read the batch at ``position`` once more before reporting its damage:
+        once per position, in a segment not known to be sealed (see the module docstring)."""
+        if self.segment.sealed or position == self._read_again:
+            return False
+        self._read_again = position
+        return True
 
     def _tail(self, position: int, reason: str, *, cut_short: bool = False,
-              reaches_end: bool = False) -> Tail:
+              reaches_end: bool = False, unwritten: bool = False) -> Tail:
         return Tail(self.segment.path, position, reason, cut_short, reaches_end,
-                    self.segment.sealed)
+                    self.segment.sealed, unwritten)
 
     def raise_unless_tolerated(self) -> None:
         """After the walk: raise ``CorruptSegment`` for damage that cannot be a write in
@@ -403,13 +446,19 @@ class Walk:
 def decode_walked(walk: Walk, walked: Walked) -> list[Record] | None:
     """The records of a walked batch; None when it fails in a way that may be a write in
     progress (the walk's ``tail`` then says so). Raises ``CorruptSegment`` otherwise."""
-    try:
-        return decode_batch(walked.data, walked.at)[0]
-    except (CorruptBatch, IncompleteBatch) as exc:
-        walk.tail = walk.failed(walked.position, walked.data, walked.at, exc)
-    if walk.tail.tolerated:
-        return None
-    raise walk.tail.error()
+    data, at = walked.data, walked.at
+    while True:
+        try:
+            return decode_batch(data, at)[0]
+        except (CorruptBatch, IncompleteBatch) as exc:
+            tail = walk.failed(walked.position, data, at, exc)
+        if tail.tolerated:
+            walk.tail = tail
+            return None
+        if not walk.read_again(walked.position):
+            walk.tail = tail
+            raise tail.error()
+        data, at = os.pread(walk.segment.fd, walked.header.batch_length, walked.position), 0
 
 
 def batches_from(segment: OpenSegment, offset: int, end: int | None = None, *,

@@ -429,6 +429,38 @@ def whole_batches(data: bytes, start_offset: int, max_records: int | None) -> tu
     return position, count
 
 
+ZERO_CHECK_BYTES = 1 << 20  # ``all_zero`` compares this much at a time
+
+
+def all_zero(buf: Buffer, start: int, end: int) -> bool:
+    """Whether bytes ``[start, end)`` of ``buf`` are all 0 (true when the range is empty).
+
+    A segment's writer preallocates space that reads as zeros until it is written; no batch
+    starts with a 0 byte (the magic is ``FORMAT_VERSION``), so where the batches stop and only
+    zeros follow is the end of the written data, not damage (``docs/log-format.md``).
+    """
+    end = min(end, len(buf))
+    while start < end:
+        stop = min(end, start + ZERO_CHECK_BYTES)
+        if bytes(buf[start:stop]).count(0) != stop - start:
+            return False
+        start = stop
+    return True
+
+
+def zero_tail_start(buf: Buffer, start: int, end: int) -> int:
+    """Where the run of zeros that ends ``buf[start:end]`` begins (``end`` when the last byte is
+    not 0): the end of what was written into preallocated space, torn or not."""
+    end = min(end, len(buf))
+    while end > start:
+        begin = max(start, end - ZERO_CHECK_BYTES)
+        kept = len(bytes(buf[begin:end]).rstrip(b"\0"))
+        if kept:
+            return begin + kept
+        end = begin
+    return start
+
+
 def find_verified_batch(buf: bytes | mmap.mmap, start: int,
                         accept: Callable[[BatchHeader], bool]) -> int | None:
     """Position of the first batch at or after ``start`` that passes ``verify_batch`` and

@@ -8,6 +8,18 @@ The live state (size, next offset, max timestamp, last indexed position) is a ``
 that appends and load-time scans advance with the same function, so an index rebuilt from the
 log is byte-for-byte the one appends wrote (``index.py`` has the indexing rule).
 
+Preallocation. With ``preallocate_bytes`` > 0 the ``.log`` file is extended ahead of the
+appends (``os.posix_fallocate``, that many bytes at a time), so most appends write inside the
+file and leave its size alone. Then the durability sync can be ``os.fdatasync``: it skips the
+metadata not needed to read the data back, and the size, the one piece that is needed, is
+already durable. ``flush()`` uses a full ``os.fsync`` whenever the size changed since the last
+full one (a preallocation, a truncation, or a write past the end when preallocation is off),
+``fdatasync`` otherwise. The preallocated bytes read as zeros; no batch starts with a 0 byte,
+so the batches end where only zeros follow (``record.all_zero``): loading and ``recover()``
+stop there without calling it damage, after a crash too. ``trim()`` cuts the zeros off (a roll
+and ``close()`` do, so a sealed segment is exactly its batches). A file system that refuses
+``fallocate`` turns preallocation off for the segment: the file grows with each append.
+
 Opening a segment loads and checks the indexes (a bad one is rebuilt), then verifies the
 batches after the last index entry. A bad batch there is recorded in ``damage`` and appends are
 refused; the owner calls ``recover()`` (segment may hold unflushed writes) or raises ``damage``.
@@ -21,8 +33,12 @@ beside it, by the code ``meshmq log repair`` uses (``backup.py``), and the warni
 Invariants
 ----------
 * Bytes ``[0, size)`` of the ``.log`` file are whole, verified batches with increasing offsets
-  between ``base_offset`` and ``base_offset + 2**32 - 1``; the file is exactly ``size`` long
-  unless ``damage`` is set.
+  between ``base_offset`` and ``base_offset + 2**32 - 1``; the file is ``file_size`` long and
+  bytes ``[size, file_size)`` are zeros (preallocated), unless ``damage`` is set.
+* ``size_changes`` counts the changes of the file's size since it was opened; a full fsync
+  after the change numbered ``n`` makes ``durable_size_changes`` >= ``n`` (-1 until the
+  first: the size found at open is not known to be durable); a sync of data written at change
+  ``n`` is an ``fdatasync`` only when ``n <= durable_size_changes``.
 * Every index entry names the start of a batch in ``[0, size)`` (see ``index.py``).
 * Not thread-safe: the owning ``Partition`` serializes every call.
 """
@@ -51,6 +67,7 @@ from meshmq.log.record import (
     NO_TIMESTAMP,
     BatchHeader,
     Record,
+    all_zero,
     decode_batch,
     encode_batch,
     find_verified_batch,
@@ -59,6 +76,7 @@ from meshmq.log.record import (
     verify_batch,
     wall_clock_ms,
     whole_batches,
+    zero_tail_start,
 )
 
 log = logging.getLogger("meshmq.log")
@@ -81,15 +99,27 @@ class LogSegment:
 
     def __init__(self, directory: Path | str, base_offset: int, *,
                  index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
-                 fsync: FsyncFunction = os.fsync, now_ms: int | None = None) -> None:
+                 fsync: FsyncFunction = os.fsync, datasync: FsyncFunction | None = None,
+                 preallocate_bytes: int = 0, now_ms: int | None = None) -> None:
         """Open the segment's files, creating them if missing, and load its state.
 
-        Check ``damage`` next: when set, call ``recover()`` or report the corruption.
+        ``datasync`` syncs the data of a file whose size is durable already (default:
+        ``os.fdatasync``, or ``fsync`` when a test injected another ``fsync``: what it observes
+        or fails must see every sync). ``preallocate_bytes``: extend the file this much at a
+        time ahead of the appends (0: let it grow with each). Check ``damage`` next: when set,
+        call ``recover()`` or report the corruption.
         """
         self.directory = Path(directory)
         self.base_offset = base_offset
         self.log_path = self.directory / segment_file_name(base_offset, LOG_SUFFIX)
         self._fsync = fsync
+        self._datasync = datasync or (os.fdatasync if fsync is os.fsync else fsync)
+        self._preallocate = preallocate_bytes
+        self.file_size = 0  # the .log file's length: size plus the preallocated zeros
+        self.size_changes = 0
+        # The size found at open may not be durable (a preallocation, then kill -9 before its
+        # fsync): the first sync is a full one.
+        self.durable_size_changes = -1
         self._state = _ScanState(0, base_offset)
         self.damage: CorruptSegment | None = None
         self.kept_tail: Path | None = None  # where ``recover()`` kept the file it cut
@@ -157,11 +187,13 @@ class LogSegment:
         if not self.fits(len(batch), last_offset):
             raise ValueError("batch does not fit this segment: roll a new one")
         position = self._state.position
+        self._make_room(position + len(batch))
         try:
             write_at(self._fd, batch, position)
         except OSError:
             self._undo_write(position)
             raise
+        self._note_written(position + len(batch))
         self._advance(self._state, position, header)
         return position
 
@@ -180,11 +212,13 @@ class LogSegment:
         if not self.fits(total, last):
             raise ValueError("batches do not fit this segment: roll a new one")
         position = self._state.position
+        self._make_room(position + total)
         try:
             write_all_at(self._fd, buffers, position)
         except OSError:
             self._undo_write(position)
             raise
+        self._note_written(position + total)
         for header in headers:
             self._advance(self._state, position, header)
             position += header.batch_length
@@ -194,9 +228,37 @@ class LogSegment:
         return (last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
                 and self._state.position + batch_length <= MAX_SEGMENT_BYTES)
 
-    def _undo_write(self, position: int) -> None:
+    def _make_room(self, end: int) -> None:
+        """Preallocate past ``end`` when the file is shorter (a no-op when preallocation is
+        off, or after the file system refused it: the write then grows the file)."""
+        if end <= self.file_size or not self._preallocate:
+            return
+        start = self.file_size
+        target = max(end, start + self._preallocate)
         try:
-            os.ftruncate(self._fd, position)
+            os.posix_fallocate(self._fd, start, target - start)
+        except OSError as exc:
+            log.warning("%s: cannot preallocate (%s); the file grows with each append and "
+                        "each sync is a full fsync", self.log_path, exc)
+            self._preallocate = 0
+            self._set_file_size(start)  # whatever a partial preallocation added must go
+            return
+        self.file_size = target
+        self.size_changes += 1
+
+    def _note_written(self, end: int) -> None:
+        if end > self.file_size:  # grown by the write: preallocation is off
+            self.file_size = end
+            self.size_changes += 1
+
+    def _set_file_size(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+        self.file_size = size
+        self.size_changes += 1
+
+    def _undo_write(self, position: int) -> None:
+        try:  # zeros again from ``position`` (a preallocation is redone by the next append)
+            self._set_file_size(position)
         except OSError as exc:
             self.damage = CorruptSegment(self.log_path, position, f"failed write: {exc}")
 
@@ -220,7 +282,7 @@ class LogSegment:
         old_size = self._state.position
         position = self.lookup(max(offset, self.base_offset)) or 0
         keep = [r for r in self._batch_at(position) if r.offset < offset]
-        os.ftruncate(self._fd, position)
+        self._set_file_size(position)
         self._index.truncate_at(position)
         self._restore_state(position)
         if keep:
@@ -229,8 +291,29 @@ class LogSegment:
         return old_size - self._state.position
 
     def flush(self) -> None:
-        """fsync the ``.log`` file: everything appended so far survives a power loss."""
-        self._fsync(self.fileno())
+        """Sync the ``.log`` file: everything appended so far survives a power loss."""
+        self.sync(self.fileno(), self.size_changes)
+
+    def sync(self, fd: int, size_changes: int) -> None:
+        """Make what was written to the ``.log`` file durable, through ``fd`` (this segment's
+        descriptor or a duplicate of it: the owner may call this outside its lock), when the
+        file's size has changed ``size_changes`` times (read under the lock when the data to
+        make durable was written). A full fsync when the size may not be durable yet,
+        ``fdatasync`` when it is."""
+        if size_changes <= self.durable_size_changes:
+            self._datasync(fd)
+            return
+        self._fsync(fd)
+        # Two threads may race here; the larger count wins but a smaller one may overwrite it,
+        # which only costs a later full fsync (never an fdatasync the size was not ready for).
+        self.durable_size_changes = max(self.durable_size_changes, size_changes)
+
+    def trim(self) -> None:
+        """Cut the preallocated zeros off the ``.log`` file (before sealing or closing it);
+        ``flush()`` afterwards makes the new size durable."""
+        self._check_open()
+        if self.file_size > self._state.position and self.damage is None:
+            self._set_file_size(self._state.position)
 
     def flush_indexes(self) -> None:
         """fsync both index files (done when a segment is rolled or closed)."""
@@ -333,7 +416,8 @@ class LogSegment:
     def recover(self, *, allow_truncation: bool = True) -> int:
         """Verify every batch, rebuild both indexes, and cut off a torn or corrupt tail.
 
-        Returns the number of bytes cut; ``kept_tail`` is then the copy of the file as it was.
+        Returns the number of bytes cut (preallocated zeros after the torn batch included);
+        ``kept_tail`` is then the copy of the file as it was.
         Raises ``CorruptSegment`` when a bad batch is followed by valid data (or when
         ``allow_truncation`` is False, or no copy could be kept): the segment then keeps
         ``damage`` set and refuses appends.
@@ -347,11 +431,14 @@ class LogSegment:
             return 0
         if not allow_truncation or self._valid_batch_after(damage.position, file_size):
             raise damage
+        with mapped(self._fd, file_size) as buf:
+            zeros = file_size - zero_tail_start(buf, damage.position, file_size)
         self.kept_tail = self._cut_tail(damage)
         self.damage = None
-        log.warning("%s: cut %d bytes of torn or corrupt tail at byte %d (%s); the file as it "
-                    "was is kept in %s (delete it once the log is known to be good)",
-                    self.log_path, file_size - damage.position, damage.position, damage.reason,
+        log.warning("%s: cut %d bytes of torn or corrupt tail at byte %d (%s; the last %d of "
+                    "them zeros, as preallocated); the file as it was is kept in %s (delete "
+                    "it once the log is known to be good)", self.log_path,
+                    file_size - damage.position, damage.position, damage.reason, zeros,
                     self.kept_tail)
         return file_size - damage.position
 
@@ -366,10 +453,12 @@ class LogSegment:
         os.close(self._fd)
         self._fd = -1
         self._fd = os.open(self.log_path, os.O_RDWR)
+        self.file_size = damage.position
+        self.size_changes += 1  # (cut_file fsynced it; counting it only costs a full fsync)
         return kept
 
     def _load(self) -> None:
-        file_size = os.fstat(self._fd).st_size
+        self.file_size = file_size = os.fstat(self._fd).st_size
         if not self._index.load(file_size):
             log.info("%s: rebuilding the indexes", self.log_path)
         self.damage = self._restore_state(file_size)
@@ -414,6 +503,8 @@ class LogSegment:
                     header = verify_batch(buf, state.position)
                     self._check_sequence(header, state)
                 except (CorruptBatch, IncompleteBatch) as exc:
+                    if all_zero(buf, state.position, file_size):
+                        return None  # preallocated, never written: the batches end here
                     return CorruptSegment(self.log_path, state.position, str(exc))
                 self._advance(state, state.position, header)
         return None

@@ -16,8 +16,11 @@ the right relative offset and the running maximum timestamp. Missing index files
 too (the broker would rebuild them; ``repair`` does).
 
 With ``live=True`` (a broker holds the log) a damaged region that runs to the end of a
-partition's last segment is a write in progress: a note, not a problem. ``SegmentCheck``
-keeps the byte ranges of the good batches: ``repair`` rewrites a segment from them.
+partition's last segment, or that only zeros follow (the space the broker preallocates), is a
+write in progress: a note, not a problem. Other damage in that segment makes it read once more
+first: a read racing with a write may see a later page of it copied and an earlier one not
+yet. ``SegmentCheck`` keeps the byte ranges of the good batches: ``repair`` rewrites a segment
+from them.
 """
 
 from __future__ import annotations
@@ -189,6 +192,8 @@ def _verify_segment(report: VerifyReport, segment: SegmentFile,
     if data is None:
         check.vanished = True  # deleted by retention since the listing
         return check
+    if report.live and following is None and _damaged(data, segment.base_offset):
+        data = segment.read() or data  # perhaps a racing read of a write: read it once more
     check.size = len(data)
     running_max, after_damage = NO_TIMESTAMP, False
     for item in walk_batches(data, segment.base_offset, check=decoded_header):
@@ -207,6 +212,12 @@ def _verify_segment(report: VerifyReport, segment: SegmentFile,
         _keep(check, item)
     check.index_problems = index.finish()
     return check
+
+
+def _damaged(data: bytes, segment_base: int) -> bool:
+    """Whether the segment's bytes hold damage that cannot be a write in progress."""
+    return any(isinstance(item, Damage) and not item.in_progress
+               for item in walk_batches(data, segment_base, check=decoded_header))
 
 
 def _keep(check: SegmentCheck, item: Batch) -> None:
