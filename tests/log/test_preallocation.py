@@ -312,3 +312,57 @@ def test_a_read_racing_with_a_write_is_read_again_not_reported(
         assert [r.offset for r in view.read(0, 0)] == list(range(40))
     assert racing.raced
     log.close()
+
+
+def test_a_page_never_written_back_before_later_batches_is_cut_with_them(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """After a power loss the pages of a file may have reached the disk in any order: a page
+    of zeros inside a batch, then whole later batches. None of them was acknowledged (every
+    acknowledgement follows a sync of all that was written before it), so recovery cuts the
+    tail there (keeping a copy) instead of refusing to open."""
+    partition = Partition(tmp_path, CONFIG, now_ms=T0)
+    partition.append(records(0, 40), T0)
+    partition.flush()  # acknowledged up to here
+    torn_at = partition.statistics().size_bytes
+    partition.append([Record.new("sensors/a", bytes(300) + b"%08d" % n, T0 + n)
+                      for n in range(40, 80)], T0)
+    later = partition.statistics().size_bytes
+    partition.append(records(80, 5), T0)  # written, not synced: never acknowledged
+    path = active_path(tmp_path, partition)
+    page = (torn_at + 4095) // 4096 * 4096
+    assert page + 4096 <= later  # the page lies inside the unsynced batch
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(4096), page)  # that page never reached the disk
+    finally:
+        os.close(fd)
+    reopened = Partition(tmp_path, CONFIG, now_ms=T0)
+    report = reopened.recovery
+    assert reopened.next_offset == 40
+    assert report.truncated_bytes > 0 and report.kept_tail is not None
+    assert "a page never written back before the stop" in caplog.text
+    assert [r.offset for r in reopened.read(0, max_bytes=CHUNK)] == list(range(40))
+    reopened.close()
+    partition.close()
+
+
+def test_damage_that_is_not_an_unwritten_page_before_later_batches_still_refuses(
+        tmp_path: Path) -> None:
+    """Garbage (not zeros) in a batch followed by good batches is damage, not a stop: the
+    partition refuses to open (``meshmq log repair`` decides)."""
+    partition = Partition(tmp_path, CONFIG, now_ms=T0)
+    partition.append(records(0, 40), T0)
+    torn_at = partition.statistics().size_bytes
+    partition.append([Record.new("sensors/a", bytes(300) + b"%08d" % n, T0 + n)
+                      for n in range(40, 80)], T0)
+    partition.append(records(80, 5), T0)
+    partition.flush()
+    page = (torn_at + 4095) // 4096 * 4096
+    fd = os.open(active_path(tmp_path, partition), os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"\xff" * 4096, page)
+    finally:
+        os.close(fd)
+    with pytest.raises(CorruptSegment):
+        Partition(tmp_path, CONFIG, now_ms=T0)
+    partition.close()

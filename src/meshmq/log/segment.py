@@ -81,6 +81,8 @@ from meshmq.log.record import (
 
 log = logging.getLogger("meshmq.log")
 
+PAGE_BYTES = 4096  # the unit in which the kernel writes a file's data back
+
 MAX_RELATIVE_OFFSET = 0xFFFF_FFFF  # relative offsets are u32 in the indexes
 MAX_SEGMENT_BYTES = 0xFFFF_FFFF  # positions are u32 in the offset index
 DEFAULT_INDEX_INTERVAL_BYTES = 4096
@@ -418,9 +420,11 @@ class LogSegment:
 
         Returns the number of bytes cut (preallocated zeros after the torn batch included);
         ``kept_tail`` is then the copy of the file as it was.
-        Raises ``CorruptSegment`` when a bad batch is followed by valid data (or when
-        ``allow_truncation`` is False, or no copy could be kept): the segment then keeps
-        ``damage`` set and refuses appends.
+        Raises ``CorruptSegment`` when a bad batch is followed by valid data, unless a page of
+        zeros lies between them (a page never written back before a power loss: nothing from
+        there on was acknowledged, since every acknowledgement follows a sync of everything
+        written before it), or when ``allow_truncation`` is False, or no copy could be kept:
+        the segment then keeps ``damage`` set and refuses appends.
         """
         self._check_open()
         file_size = os.fstat(self._fd).st_size
@@ -429,8 +433,18 @@ class LogSegment:
         self.damage = damage = self._scan(self._state, file_size)
         if damage is None:
             return 0
-        if not allow_truncation or self._valid_batch_after(damage.position, file_size):
+        if not allow_truncation:
             raise damage
+        later = self._valid_batch_after(damage.position, file_size)
+        if later is not None:
+            unwritten = self._unwritten_page(damage.position, later)
+            if unwritten is None:
+                raise damage
+            log.warning("%s: a page never written back before the stop (zeros at byte %d) "
+                        "precedes batches at byte %d and after: every acknowledgement follows "
+                        "a sync of all that was written before it, so none of them was "
+                        "acknowledged; they are cut with the tail", self.log_path, unwritten,
+                        later)
         with mapped(self._fd, file_size) as buf:
             zeros = file_size - zero_tail_start(buf, damage.position, file_size)
         self.kept_tail = self._cut_tail(damage)
@@ -516,14 +530,31 @@ class LogSegment:
         if header.last_offset - self.base_offset > MAX_RELATIVE_OFFSET:
             raise CorruptBatch(f"offset {header.last_offset} is outside this segment")
 
-    def _valid_batch_after(self, position: int, file_size: int) -> bool:
-        """Whether a verifiable batch with plausible offsets starts anywhere after ``position``."""
+    def _valid_batch_after(self, position: int, file_size: int) -> int | None:
+        """Where the first verifiable batch with plausible offsets after ``position`` starts
+        (None: none does)."""
         def plausible(header: BatchHeader) -> bool:
             return (header.base_offset >= self._state.next_offset
                     and header.last_offset - self.base_offset <= MAX_RELATIVE_OFFSET)
 
         with mapped(self._fd, file_size) as buf:
-            return find_verified_batch(buf, position + 1, plausible) is not None
+            return find_verified_batch(buf, position + 1, plausible)
+
+    def _unwritten_page(self, start: int, end: int) -> int | None:
+        """The first page-aligned ``PAGE_BYTES`` of zeros in ``[start, end)``, if any: a page
+        the kernel never wrote back before a power loss (pages of one file may reach the disk
+        in any order; a preallocated file reads as zeros where they did not). Only the active
+        segment's recovery asks: a sealed segment was synced whole before the next one
+        existed."""
+        page = (start + PAGE_BYTES - 1) // PAGE_BYTES * PAGE_BYTES
+        if page + PAGE_BYTES > end:
+            return None
+        with mapped(self._fd, end) as buf:
+            while page + PAGE_BYTES <= end:
+                if all_zero(buf, page, page + PAGE_BYTES):
+                    return page
+                page += PAGE_BYTES
+        return None
 
     def _first_timestamp(self, now_ms: int | None) -> int:
         if not self.is_empty:
