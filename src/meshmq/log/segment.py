@@ -441,10 +441,10 @@ class LogSegment:
             if unwritten is None:
                 raise damage
             log.warning("%s: a page never written back before the stop (zeros at byte %d) "
-                        "precedes batches at byte %d and after: every acknowledgement follows "
-                        "a sync of all that was written before it, so none of them was "
-                        "acknowledged; they are cut with the tail", self.log_path, unwritten,
-                        later)
+                        "precedes batches at byte %d and after: with log.fsync = \"always\" "
+                        "none of them was acknowledged (every acknowledgement follows a sync of "
+                        "all written before it); they are cut with the tail", self.log_path,
+                        unwritten, later)
         with mapped(self._fd, file_size) as buf:
             zeros = file_size - zero_tail_start(buf, damage.position, file_size)
         self.kept_tail = self._cut_tail(damage)
