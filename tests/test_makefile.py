@@ -94,13 +94,16 @@ def test_a_changed_pyproject_installs_again(checkout: Path) -> None:
 
 def test_test_and_lint_type_check_src_after_ruff(checkout: Path) -> None:
     """``make test``: ruff, then mypy (over src/, as pyproject.toml's [tool.mypy] says), then
-    pytest; ``make lint``: ruff, then mypy."""
+    the bytecode of src/ and tests/ (the processes the tests start load it), then pytest;
+    ``make lint``: ruff, then mypy."""
     def position(commands: list[str], tool: str) -> int:
         return next(i for i, line in enumerate(commands) if line.split()[0].endswith(tool))
 
     commands = make(checkout, "-n", "test").splitlines()
     assert (position(commands, "/ruff") < position(commands, "/mypy")
             < position(commands, "/python"))
-    assert commands[position(commands, "/python")].split()[1:3] == ["-m", "pytest"]
+    runs = [line.split()[1:] for line in commands if line.split()[0].endswith("/python")]
+    assert [run[:2] for run in runs] == [["-m", "compileall"], ["-m", "pytest"]]
+    assert runs[0][2:5] == ["-q", "src", "tests"]
     commands = make(checkout, "-n", "lint").splitlines()
     assert position(commands, "/ruff") < position(commands, "/mypy")

@@ -523,16 +523,17 @@ class Supervisor:
         return 1
 
     def announce(self) -> None:
-        """All workers listen: write the port file, log the started line."""
+        """All workers listen: log the started line (with the workers' pids), then write the
+        port file, so that whoever waits for the file finds the line."""
+        pids = ",".join(str(worker.pid) for worker in self.workers)
+        log.info("workers started count=%d pids=%s port=%d", len(self.workers), pids,
+                 self.config.server.port)
         port_file = self.config.server.port_file
         if port_file:
             tmp = f"{port_file}.tmp"
             with open(tmp, "w") as out:
                 out.write(port_file_text(self.config))
             os.replace(tmp, port_file)  # readers never see a half-written file
-        pids = ",".join(str(worker.pid) for worker in self.workers)
-        log.info("workers started count=%d pids=%s port=%d", len(self.workers), pids,
-                 self.config.server.port)
         self.started = True
 
     def reload(self) -> None:

@@ -29,12 +29,12 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from meshmq.logsetup import kv
 from meshmq.mqtt.topics import topic_matches
 
 if TYPE_CHECKING:
+    import aiohttp
+
     from meshmq.broker.message import Message
     from meshmq.config import HooksConfig
 
@@ -123,6 +123,8 @@ class Webhooks:
 
     async def run(self) -> None:
         """Send batches until ``close()``; then what is left, within its grace period."""
+        import aiohttp  # here: 0.3 s of start-up (its TLS contexts) a node without hooks skips
+
         cfg = self.cfg
         headers = {"Content-Type": "application/json"}
         if cfg.authorization:
@@ -195,6 +197,8 @@ class Webhooks:
 
     async def _post(self, http: aiohttp.ClientSession, body: bytes) -> str:
         """One POST; "" when the receiver took it (2xx), else what went wrong."""
+        import aiohttp  # (imported by run() already)
+
         try:
             async with http.post(self.cfg.url, data=body) as response:
                 await response.read()
