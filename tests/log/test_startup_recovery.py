@@ -35,6 +35,15 @@ def active_segment(data_dir: Path) -> Path:
     return sorted((data_dir / "log" / "0").glob("*.log"))[-1]
 
 
+def killed_after_publishing(tmp_path: Path) -> Path:
+    """The data directory of a broker that stored ``MESSAGES`` acknowledged publishes and was
+    killed with -9."""
+    broker = start_broker(tmp_path, CONFIG)
+    publish_one_by_one(broker.port)
+    broker.stop(signal.SIGKILL)
+    return broker.data_dir
+
+
 def batch_positions(data: bytes) -> list[int]:
     """Where the batches start; they end at the zeros preallocated after them (magic 0)."""
     positions, position = [], 0
@@ -50,10 +59,7 @@ def written_end(data: bytes) -> int:
 
 
 def test_a_torn_tail_is_cut_at_start_up_and_the_file_kept(tmp_path: Path) -> None:
-    broker = start_broker(tmp_path, CONFIG)
-    publish_one_by_one(broker.port)
-    broker.stop(signal.SIGKILL)
-    segment = active_segment(broker.data_dir)
+    segment = active_segment(killed_after_publishing(tmp_path))
     data = segment.read_bytes()
     good, preallocated = data[: written_end(data)], len(data) - written_end(data)
     assert preallocated > 100 and data[len(good):] == bytes(preallocated)
@@ -77,10 +83,7 @@ def test_a_torn_tail_is_cut_at_start_up_and_the_file_kept(tmp_path: Path) -> Non
 
 
 def test_a_kill_leaves_zeros_that_a_restart_reads_as_the_end_of_the_log(tmp_path: Path) -> None:
-    broker = start_broker(tmp_path, CONFIG)
-    publish_one_by_one(broker.port)
-    broker.stop(signal.SIGKILL)
-    segment = active_segment(broker.data_dir)
+    segment = active_segment(killed_after_publishing(tmp_path))
     data = segment.read_bytes()
     assert len(batch_positions(data)) == MESSAGES and data[written_end(data)] == 0
 
@@ -96,10 +99,8 @@ def test_a_kill_leaves_zeros_that_a_restart_reads_as_the_end_of_the_log(tmp_path
 
 
 def test_damage_before_good_records_stops_the_broker_naming_log_repair(tmp_path: Path) -> None:
-    broker = start_broker(tmp_path, CONFIG)
-    publish_one_by_one(broker.port)
-    broker.stop(signal.SIGKILL)
-    segment = active_segment(broker.data_dir)
+    data_dir = killed_after_publishing(tmp_path)
+    segment = active_segment(data_dir)
     data = bytearray(segment.read_bytes())
     second = batch_positions(bytes(data))[1]
     data[second + 50] ^= 0x20  # bit rot in the second batch; ten good batches follow
@@ -110,7 +111,7 @@ def test_damage_before_good_records_stops_the_broker_naming_log_repair(tmp_path:
     assert "cannot open the commit log" in refused.stderr
     assert f"corrupt record batch at byte {second}" in refused.stderr
     repair = quoted_command(refused.stderr, "meshmq log repair")
-    assert repair[-2:] == ["--data-dir", str(broker.data_dir.resolve())]
+    assert repair[-2:] == ["--data-dir", str(data_dir.resolve())]
     assert quoted_command(refused.stderr, "meshmq log verify")[-1] == repair[-1]
 
     repaired = run_pasted(repair, cwd=tmp_path)  # run from elsewhere, as an operator might
