@@ -19,7 +19,10 @@ came after. The worker that receives the FETCH passes each partition's part to t
 partition's leader worker, which reads its log from there up to where it ended when the
 worker started (what came later was routed live), and forwards each record that the asking
 node's routes match, to that node only. At most ``REPLAY_MAX`` records are read per
-partition and request.
+partition and request. The leader worker reads its own log (the metadata may not have reached
+it yet). A FETCH it cannot serve yet (its own link to the asking node not up, or none of that
+node's routes matched a record read: they may not have come yet, the FETCH having come on
+another link) is tried again every ``FETCH_RETRY_AFTER`` s, ``FETCH_ATTEMPTS`` times in all.
 
 At least once: a record the asking node had got but whose FORWARD_AT came after the last
 one it remembers is sent twice. A node that restarts itself forgets its places (its
@@ -31,19 +34,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from meshmq.broker.catchup import message_from_record
 from meshmq.cluster.codec import Fetch, FrameType
+from meshmq.log.errors import LogError
 
 if TYPE_CHECKING:
     from meshmq.cluster.leaders import Leadership
     from meshmq.cluster.nodes import NodeLinks
     from meshmq.cluster.partitions import PartitionedLog
+    from meshmq.log.record import Record
 
 log = logging.getLogger("meshmq.partitions")
 
 REPLAY_MAX = 65536  # records read per partition for one FETCH
+FETCH_ATTEMPTS = 10  # a FETCH this worker cannot serve yet is tried again, this many times in all
+FETCH_RETRY_AFTER = 1.0  # seconds between the attempts
 
 
 class NodeCatchup:
@@ -131,13 +139,13 @@ class NodeCatchup:
     def _fetch_from_peer(self, peer: int, frame: Fetch) -> None:
         self._replay(frame.node_id, frame.partitions)
 
-    def _replay(self, node_id: str, parts: list[tuple[int, int]]) -> None:
+    def _replay(self, node_id: str, parts: list[tuple[int, int]], attempt: int = 0) -> None:
         link = self.links.dialed(node_id)
         if link is None or link.peer is None:
-            log.warning("FETCH of node %s: not linked to it, nothing sent again", node_id)
+            self._again(node_id, parts, attempt, "not linked to it")
             return
         now = self.now()
-        sent = 0
+        sent = read = 0
         for partition, after in parts:
             if not self.leadership.leads(partition):
                 continue
@@ -149,18 +157,45 @@ class NodeCatchup:
                             end - offset, REPLAY_MAX)
                 offset = end - REPLAY_MAX
             while offset < end:
-                records = self.partitions.read(partition, offset, min(1024, end - offset))
+                records = self._read_own(partition, offset, min(1024, end - offset))
                 if not records:
                     break
                 for record in records:
                     if record.offset >= end:
                         break
+                    read += 1
                     message = message_from_record(record, partition, now)
                     if message is not None and self.mesh.forward_to_node(link.peer, message,
                                                                           now):
                         sent += 1
                 offset = records[-1].offset + 1
+        if read and not sent and attempt < FETCH_ATTEMPTS - 1:
+            # (the asking node's routes may not have reached this worker yet: its link to
+            # that node can come up after the FETCH did, on another link)
+            self._again(node_id, parts, attempt, "none of its routes matched yet")
+            return
         self.counters["fetches_served"] += 1
         self.counters["records_sent_again"] += sent
         log.info("sent again to node %s after this node restarted records=%d partitions=%s",
                  node_id, sent, [p for p, _ in parts])
+
+    def _again(self, node_id: str, parts: list[tuple[int, int]], attempt: int, why: str
+               ) -> None:
+        """Serve the FETCH again in ``FETCH_RETRY_AFTER`` s, up to ``FETCH_ATTEMPTS`` in all."""
+        if attempt >= FETCH_ATTEMPTS - 1:
+            log.warning("FETCH of node %s: %s after %d attempts, nothing sent again", node_id,
+                        why, FETCH_ATTEMPTS)
+            return
+        self.mesh.call_at(self.mesh.io.now() + FETCH_RETRY_AFTER,
+                          partial(self._replay, node_id, parts, attempt + 1))
+
+    def _read_own(self, partition: int, offset: int, count: int) -> list[Record]:
+        """This worker's own log of a partition it leads: what it wrote before it restarted
+        is there, whether or not the metadata has reached it yet (``PartitionedLog.read``
+        reads nothing of a partition not placed yet)."""
+        try:
+            return self.partitions.local.read(partition, offset, count)
+        except (OSError, LogError) as error:
+            log.warning("FETCH: partition %d not read from offset %d: %r", partition, offset,
+                        error)
+            return []
