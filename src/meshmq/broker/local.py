@@ -12,6 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from meshmq.broker.message import SYS_PREFIX
+from meshmq.mypycattr import mypyc_attr
 
 if TYPE_CHECKING:
     from meshmq.broker.client import ClientHandle
@@ -47,6 +48,7 @@ class RetainedJournal(Protocol):
         """Journal ``topic``'s retained message (None: cleared); ``done()`` once durable."""
 
 
+@mypyc_attr(native_class=False)  # tests replace its ``keep`` on an instance
 class LocalRetained:
     """Retained messages in this process's store, journaled by its keeper."""
 

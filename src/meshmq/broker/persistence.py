@@ -61,10 +61,12 @@ from meshmq.memo import remember
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import topic_matches, validate_topic_filter
+from meshmq.mypycattr import mypyc_attr
 
 log = logging.getLogger("meshmq.persistence")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # cluster/partitions.py: PartitionedLog
 class LogAccess:
     """What every ``PartitionLog`` shares: which publishes persist, and the high watermark."""
 

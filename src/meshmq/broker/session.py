@@ -48,6 +48,7 @@ from meshmq.mqtt.packets import MQTT_5, Will
 from meshmq.mqtt.properties import PropertyId
 from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import parse_shared_filter, topic_matches
+from meshmq.mypycattr import mypyc_attr
 
 if TYPE_CHECKING:
     import asyncio
@@ -129,6 +130,7 @@ class LiveState:
     uncertain: dict[int, bytes] = field(default_factory=dict)  # see ``Session.uncertain``
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # cluster/moving.py: MovedSession
 class Session:
     """State of one client id, attached to at most one connection at a time."""
 

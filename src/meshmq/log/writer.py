@@ -121,7 +121,11 @@ class _Request:
     done: DoneCallback
     policy: FsyncPolicy
     outcome: AppendResult | BaseException | None = field(default=None)
-    records: ClassVar[int] = 1
+
+    # A property, not a ClassVar: compiled by mypyc, the dataclass would take that for a field.
+    @property
+    def records(self) -> int:
+        return 1
 
 
 @dataclass(slots=True)
@@ -264,8 +268,10 @@ class LogWriter:
         self._stats_lock = threading.Lock()  # fsync counters: write_now's and the thread's
         self._fsync_clock = fsync_clock
         self._guard = InlineGuard(inline_fsync_slow_ms / 1000, fsync_clock)
-        self._thread = threading.Thread(target=self._run, name="meshmq-log-writer", daemon=True)
-        self._thread.start()
+        # Not "_thread": mypyc names the C struct field "__thread", a C keyword (a build error).
+        self._writer_thread = threading.Thread(target=self._run, name="meshmq-log-writer",
+                                               daemon=True)
+        self._writer_thread.start()
 
     # -- producer side (any thread) -------------------------------------------------------
 
@@ -285,7 +291,7 @@ class LogWriter:
         ``policy`` overrides the writer's fsync policy for this record (per topic pattern).
         Raises ``LogClosed`` after ``close()`` and ``queue.Full`` if ``timeout`` expires.
         """
-        blocking = threading.current_thread() is not self._thread
+        blocking = threading.current_thread() is not self._writer_thread
         self._enqueue(_Request(record, done, policy or self.fsync_policy), blocking, timeout)
 
     def submit_nowait(self, record: Record, done: DoneCallback,
@@ -358,7 +364,9 @@ class LogWriter:
                         dirty.append(partition)
             if synced:
                 self._sync(synced, timed=False, inline=True)
-            if self._failure is None:
+            # ``failed``, not ``self._failure``: the type checker still narrows that to None
+            # after _sync, and mypyc-compiled code checks the narrowed type (a TypeError).
+            if not self.failed:
                 if dirty:
                     self._mark_dirty(dirty)
                 return [batch for batch in batches if batch.partition in left]
@@ -393,7 +401,7 @@ class LogWriter:
                 return
             self._closed = True
         self._inbox.put(_STOP)
-        self._thread.join(timeout)
+        self._writer_thread.join(timeout)
 
     def statistics(self) -> WriterStatistics:
         counts, now_counts = self._counts, self._now_counts

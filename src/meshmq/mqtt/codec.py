@@ -318,7 +318,7 @@ def decode_properties(
 # --------------------------------------------------------------------------- framing
 
 
-def parse_fixed_header(data: bytes, pos: int, end: int) -> tuple[int, int, int]:
+def parse_fixed_header(data: bytes | bytearray, pos: int, end: int) -> tuple[int, int, int]:
     """Locate one frame: return (first byte, body start, body end).
 
     Raises ``InsufficientData`` when the fixed header or body is incomplete; the caller keeps

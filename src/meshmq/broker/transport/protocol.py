@@ -38,6 +38,7 @@ from meshmq.mqtt.connection import ServerConnection
 from meshmq.mqtt.errors import RemoteProtocolError
 from meshmq.mqtt.packets import Packet, PacketType
 from meshmq.mqtt.reason_codes import ReasonCode
+from meshmq.mypycattr import mypyc_attr
 
 if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
@@ -59,6 +60,7 @@ _NOTHING_WAITING: list[Packet] = []
 _KEEP_ALIVE_LIMITS: dict[int, float] = {}
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # listeners.py: the TCP and listener ones
 class ClientProtocol(asyncio.Protocol):
     """The I/O side of one client connection."""
 
