@@ -13,22 +13,27 @@ TEST := $(VENV)/.installed-test
 
 .PHONY: serve demo test lint clean
 
+# The modules that setup.py compiles with mypyc (its COMPILED list): the install builds them in
+# place, so a change to one must install again, or the tests would run the old compiled code.
+COMPILED := $(wildcard $(shell sed -n 's|^    "\(meshmq/.*\.py\)",$$|src/\1|p' setup.py 2>/dev/null))
+BUILD_INPUTS := pyproject.toml $(wildcard setup.py) $(COMPILED)
+
 # The virtualenv, made once.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # The broker and the pub/sub clients: meshmq and its pinned dependencies, no extras.
-$(BROKER): pyproject.toml | $(BIN)/python
+$(BROKER): $(BUILD_INPUTS) | $(BIN)/python
 	$(PIP) -e .
 	touch $@
 
 # The data pipeline (meshmq pipeline ...): pyspark, pyarrow, numpy, matplotlib.
-$(SPARK): pyproject.toml | $(BIN)/python
+$(SPARK): $(BUILD_INPUTS) | $(BIN)/python
 	$(PIP) -e '.[spark]'
 	touch $@ $(BROKER)
 
 # The test suite, which includes the pipeline's tests: the test tools and the spark extra.
-$(TEST): pyproject.toml | $(BIN)/python
+$(TEST): $(BUILD_INPUTS) | $(BIN)/python
 	$(PIP) -e '.[test,spark]'
 	touch $@ $(SPARK) $(BROKER)
 
@@ -82,7 +87,16 @@ test: $(TEST)
 	@# bytecode for every process the tests start (brokers, nodes, the CLI), even where
 	@# PYTHONDONTWRITEBYTECODE is set: each would otherwise compile the sources again (0.5 s)
 	@$(BIN)/python -m compileall -q src tests >/dev/null
+	@$(BIN)/meshmq --version
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
+	@# The compiled modules' tests again with those modules as plain Python (an install
+	@# without a C compiler, or with MESHMQ_PURE_PYTHON=1): a copy of src/ without the .so files
+	@rm -rf build/pure && mkdir -p build/pure
+	@(cd src && tar --exclude='*.so' --exclude=__pycache__ -cf - meshmq) | tar -xf - -C build/pure
+	@$(BIN)/python -m compileall -q build/pure >/dev/null
+	@PYTHONPATH=build/pure $(BIN)/python -m meshmq --version
+	PYTHONPATH=build/pure $(BIN)/python -m pytest -n 2 --dist loadgroup -q \
+	  tests/mqtt tests/log tests/broker/test_persistence_turns.py tests/broker/test_durability.py
 
 ## Lint and type check only (in the test environment, where ruff and mypy are).
 lint: $(TEST)

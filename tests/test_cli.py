@@ -20,6 +20,7 @@ import pytest
 from meshmq import __version__
 from meshmq.cli import SPARK_MODULES, build_parser, main, render_config_reference
 from meshmq.clientlink import ClientLink
+from meshmq.compiled import describe
 from meshmq.config import BrokerConfig, config_reference, load_config
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout these tests run from
@@ -131,7 +132,8 @@ def test_no_command_prints_usage_and_exits_2(capsys: pytest.CaptureFixture[str])
 def test_version() -> None:
     result = run_cli("--version")
     assert result.returncode == 0
-    assert result.stdout.strip() == f"meshmq {__version__}"
+    assert result.stdout.strip() == f"meshmq {__version__} ({describe()})"
+    assert describe() == "pure Python" or describe().startswith("compiled hot path (")
 
 
 def test_config_command_prints_every_key_as_toml() -> None:

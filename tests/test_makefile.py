@@ -92,6 +92,20 @@ def test_a_changed_pyproject_installs_again(checkout: Path) -> None:
     assert installs(make(checkout, "-n", "test")) == [TEST]
 
 
+def test_a_changed_compiled_module_installs_again(checkout: Path) -> None:
+    """setup.py compiles some modules in place: an edit to one must build them again, or the
+    tests would run the code as it was."""
+    shutil.copy(ROOT / "setup.py", checkout / "setup.py")
+    codec = checkout / "src" / "meshmq" / "mqtt" / "codec.py"
+    codec.parent.mkdir(parents=True)
+    shutil.copy(ROOT / "src" / "meshmq" / "mqtt" / "codec.py", codec)
+    make(checkout, ".venv/.installed-test")
+    assert installs(make(checkout, "serve")) == []
+    later = codec.stat().st_mtime + 60
+    os.utime(codec, (later, later))
+    assert installs(make(checkout, "serve")) == [BROKER]
+
+
 def test_test_and_lint_type_check_src_after_ruff(checkout: Path) -> None:
     """``make test``: ruff, then mypy (over src/, as pyproject.toml's [tool.mypy] says), then
     the bytecode of src/ and tests/ (the processes the tests start load it), then pytest;
@@ -103,7 +117,11 @@ def test_test_and_lint_type_check_src_after_ruff(checkout: Path) -> None:
     assert (position(commands, "/ruff") < position(commands, "/mypy")
             < position(commands, "/python"))
     runs = [line.split()[1:] for line in commands if line.split()[0].endswith("/python")]
-    assert [run[:2] for run in runs] == [["-m", "compileall"], ["-m", "pytest"]]
+    assert [run[:2] for run in runs][:2] == [["-m", "compileall"], ["-m", "pytest"]]
     assert runs[0][2:5] == ["-q", "src", "tests"]
+    # then the compiled modules' tests again as plain Python, from a copy without the .so files
+    pure = next(line for line in commands
+                if line.startswith("PYTHONPATH=build/pure ") and " pytest " in line)
+    assert pure.split()[1:4] == [".venv/bin/python", "-m", "pytest"]
     commands = make(checkout, "-n", "lint").splitlines()
     assert position(commands, "/ruff") < position(commands, "/mypy")

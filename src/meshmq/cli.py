@@ -91,9 +91,21 @@ def spark_install_hint() -> str:
     return f"install it with {sys.executable} -m pip install -e '{root}[spark]'"
 
 
+class VersionAction(argparse.Action):
+    """``--version``: the version and how the hot path runs (compiled or pure Python), found
+    only when asked (it imports the broker's modules)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from meshmq.compiled import describe
+        print(f"meshmq {__version__} ({describe()})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshmq", description="meshmq MQTT broker")
-    parser.add_argument("--version", action="version", version=f"meshmq {__version__}")
+    parser.add_argument("--version", action=VersionAction, nargs=0,
+                        help="show the version and whether the hot path is compiled, and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = commands.add_parser(

@@ -10,16 +10,11 @@ import threading
 from functools import partial
 from pathlib import Path
 
-import pytest
-
-from meshmq.broker import persistence as persistence_module
 from meshmq.broker.interfaces import AppendOutcome, Refused, Stored
 from meshmq.broker.message import Message
 from meshmq.broker.persistence import Persistence
 from meshmq.config import LogSettings
-from meshmq.log.commit_log import CommitLog
 from meshmq.log.record import read_batch_header
-from meshmq.log.writer import LogWriter
 from meshmq.mqtt.reason_codes import ReasonCode
 
 WAIT = 10.0
@@ -54,7 +49,7 @@ async def run_turns(persistence: Persistence, turns: list[list[str]]
 
 
 def test_fsync_always_stores_a_publish_only_once_its_bytes_were_fsynced(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     synced: dict[int, int] = {}  # inode -> file size when it was fsynced
 
     def recording_fsync(fd: int) -> None:
@@ -62,13 +57,11 @@ def test_fsync_always_stores_a_publish_only_once_its_bytes_were_fsynced(
         os.fsync(fd)
         synced[size_before.st_ino] = size_before.st_size
 
-    monkeypatch.setattr(persistence_module, "CommitLog", partial(CommitLog,
-                                                                 fsync=recording_fsync))
     seen: list[tuple[int, int, int]] = []  # partition, offset, bytes fsynced when stored
 
     async def main() -> None:
         persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
-                                  asyncio.get_running_loop())
+                                  asyncio.get_running_loop(), fsync=recording_fsync)
         log = persistence.commit_log
         all_stored = asyncio.Event()
 
@@ -219,16 +212,14 @@ class SlowDisk:
 
 
 def test_fsync_always_completes_in_the_turn_and_uses_the_thread_while_fsyncs_are_slow(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     disk = SlowDisk()
-    monkeypatch.setattr(persistence_module, "CommitLog", partial(CommitLog, fsync=disk.fsync))
-    monkeypatch.setattr(persistence_module, "LogWriter",
-                        partial(LogWriter, fsync_clock=disk.clock))
     topics = [f"t/{i}" for i in range(6)]
 
     async def main() -> list[AppendOutcome]:
         persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
-                                  asyncio.get_running_loop())
+                                  asyncio.get_running_loop(), fsync=disk.fsync,
+                                  fsync_clock=disk.clock)
         writer = persistence.writer
         outcomes: list[AppendOutcome] = []
         # Quick fsyncs: each turn is written, fsynced and completed in that same loop turn.
@@ -262,17 +253,15 @@ def test_fsync_always_completes_in_the_turn_and_uses_the_thread_while_fsyncs_are
 
 
 def test_turns_behind_the_writer_gather_and_go_inline_once_it_is_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """Coming back from the writer thread under load: turns that end while an earlier turn
     is still in the writer keep gathering, then are written and fsynced on the loop as one."""
     disk = SlowDisk()
-    monkeypatch.setattr(persistence_module, "CommitLog", partial(CommitLog, fsync=disk.fsync))
-    monkeypatch.setattr(persistence_module, "LogWriter",
-                        partial(LogWriter, fsync_clock=disk.clock))
 
     async def main() -> list[tuple[int, AppendOutcome]]:
         persistence = Persistence(LogSettings(fsync="always", partitions=1), str(tmp_path),
-                                  asyncio.get_running_loop())
+                                  asyncio.get_running_loop(), fsync=disk.fsync,
+                                  fsync_clock=disk.clock)
         writer = persistence.writer
         loop = asyncio.get_running_loop()
         outcomes: list[tuple[int, AppendOutcome]] = []

@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
+import time
 from collections import deque
 from collections.abc import Callable, Collection
 from functools import partial
@@ -102,7 +104,11 @@ class Persistence(LogAccess):
 
     def __init__(self, settings: LogSettings, data_dir: str, loop: asyncio.AbstractEventLoop,
                  owned: Collection[int] | None = None,
-                 high_watermark: list[int] | None = None) -> None:
+                 high_watermark: list[int] | None = None, *,
+                 fsync: Callable[[int], None] = os.fsync,
+                 fsync_clock: Callable[[], float] = time.monotonic) -> None:
+        """``fsync`` syncs a log file and ``fsync_clock`` times the syncs (tests give a slow
+        or recording disk here: compiled with mypyc, this module's names cannot be patched)."""
         super().__init__(settings)
         self.loop = loop
         self.fsync_rules = parse_fsync_rules(settings.fsync_rules)  # before opening anything
@@ -114,11 +120,11 @@ class Persistence(LogAccess):
             retention_ms=settings.retention_ms,
             key_level=None if settings.key_level < 0 else settings.key_level,
         )
-        self.commit_log = CommitLog(Path(data_dir), config, partitions=owned)
+        self.commit_log = CommitLog(Path(data_dir), config, partitions=owned, fsync=fsync)
         self.writer = LogWriter(
             self.commit_log, fsync_policy=settings.fsync,
             fsync_interval_ms=settings.fsync_interval_ms, queue_size=settings.queue_size,
-            inline_fsync_slow_ms=settings.fsync_inline_max_ms,
+            inline_fsync_slow_ms=settings.fsync_inline_max_ms, fsync_clock=fsync_clock,
         )
         self.queue_size = settings.queue_size
         self._default_policy = FsyncPolicy(settings.fsync)

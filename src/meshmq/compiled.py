@@ -1,0 +1,39 @@
+"""Which of meshmq's modules run compiled (mypyc, built by setup.py when the install had a C
+compiler) and which as plain Python; ``meshmq --version`` says it."""
+
+from __future__ import annotations
+
+import importlib
+
+# setup.py's COMPILED list, as module names (tests/test_compiled.py keeps the two the same).
+HOT_PATH = (
+    "meshmq.mqtt.codec",
+    "meshmq.mqtt.connection",
+    "meshmq.broker.publishes",
+    "meshmq.broker.session",
+    "meshmq.broker.router",
+    "meshmq.broker.message",
+    "meshmq.broker.persistence",
+    "meshmq.broker.trie",
+    "meshmq.broker.local",
+    "meshmq.broker.transport.protocol",
+    "meshmq.log.record",
+    "meshmq.log.writer",
+    "meshmq.log.partition",
+    "meshmq.log.segment",
+    "meshmq.log.commit_log",
+)
+
+
+def compiled_modules() -> list[str]:
+    """The modules of the hot path that were imported from a compiled extension."""
+    return [name for name in HOT_PATH
+            if not (importlib.import_module(name).__file__ or "").endswith(".py")]
+
+
+def describe() -> str:
+    """"compiled hot path (15 of 15 modules)" or "pure Python"."""
+    count = len(compiled_modules())
+    if not count:
+        return "pure Python"
+    return f"compiled hot path ({count} of {len(HOT_PATH)} modules)"
