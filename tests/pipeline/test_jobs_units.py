@@ -285,6 +285,17 @@ def test_classifier_agrees_with_the_standard_library(spark, payloads: list[bytes
             assert values == expected_values, payload
 
 
+def test_a_raw_nul_makes_a_payload_not_json(spark) -> None:
+    """Spark's JSON parser stops at a NUL; the standard library (and RFC 8259) refuse it."""
+    payloads = [b"0\r\x00", b'{"v": 1}\x00', b'{"v": 1, "s": "a\x00b"}', b'{"v": 1}']
+    rows = [(0, i, T, "devices/d1/telemetry", 1, False, p, "c", "0" * 32, {})
+            for i, p in enumerate(payloads)]
+    got = {row["offset"]: row["reason"]
+           for row in classify(spark.createDataFrame(rows, SCHEMA)).collect()}
+    assert [got[i] for i in range(len(payloads))] == [reference(p)[0] for p in payloads]
+    assert [reference(p)[0] for p in payloads] == ["not_json", "not_json", "not_json", None]
+
+
 def test_event_time_from_ts_and_device_from_topic(spark) -> None:
     payloads = [
         ("devices/d1/telemetry", b'{"v": 1, "ts": 1714521600}'),

@@ -161,7 +161,9 @@ def classify(records: DataFrame, device_level: int = 1) -> DataFrame:
               .withColumn("event_time", event_time_column(F.col("_fields"), F.col("timestamp"))))
     reason = (F.when(F.length("payload") == 0, "empty")
               .when(~F.is_valid_utf8(text), "not_utf8")
-              .when(doc.isNull(), "not_json")
+              # Spark's parser takes a raw NUL as the end of the text ("0\r\x00" parses as 0);
+              # JSON allows no raw control character anywhere (RFC 8259, sections 2 and 7).
+              .when(doc.isNull() | F.contains(text, F.lit("\u0000")), "not_json")
               .when(F.col("_fields").isNull(), "not_object")
               .when(F.col("device").isNull(), "no_device")
               .when(F.size("values") == 0, "no_numeric_field")
