@@ -40,6 +40,18 @@ def note(message: str) -> None:
     print(f"meshmq build: {message}", file=sys.stderr)
 
 
+def remove_compiled() -> None:
+    """Delete the extensions an earlier install built in place (an editable install, as
+    ``make`` does): without this, a plain Python install would go on importing them."""
+    src = Path(__file__).resolve().parent / "src"
+    stale = list(src.glob("*__mypyc.*.so"))
+    for path in COMPILED:
+        source = src / path
+        stale += source.parent.glob(f"{source.stem}.*.so")
+    for path in stale:
+        path.unlink(missing_ok=True)
+
+
 def compiled_extensions() -> list:
     if os.environ.get("MESHMQ_PURE_PYTHON", "") not in ("", "0"):
         note("MESHMQ_PURE_PYTHON is set: plain Python modules only")
@@ -86,10 +98,13 @@ class OptionalBuildExt(build_ext):
         """A compiled module needs the shared library of the group: all or none stay."""
         for output in self.get_outputs():
             Path(output).unlink(missing_ok=True)
+        remove_compiled()
 
 
 def extensions_with_sources() -> list:
     extensions = compiled_extensions()
+    if not extensions:
+        remove_compiled()
     for extension in extensions:  # mypyc wrote the C under src/: paths from the project root
         extension.sources = [source if os.path.isabs(source) else os.path.join("src", source)
                              for source in extension.sources]
