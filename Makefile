@@ -13,10 +13,12 @@ TEST := $(VENV)/.installed-test
 
 .PHONY: serve demo test lint clean
 
-# The modules that setup.py compiles with mypyc (its COMPILED list): the install builds them in
-# place, so a change to one must install again, or the tests would run the old compiled code.
-COMPILED := $(wildcard $(shell sed -n 's|^    "\(meshmq/.*\.py\)",$$|src/\1|p' setup.py 2>/dev/null))
-BUILD_INPUTS := pyproject.toml $(wildcard setup.py) $(COMPILED)
+# The modules that setup.py compiles with mypyc (meshmq/compiled.py's HOT_PATH): the install
+# builds them in place, so a change to one must install again, or the tests would run the old
+# compiled code.
+HOT_PATH := $(shell sed -n 's|^    "\(meshmq\.[a-z_.]*\)",$$|\1|p' src/meshmq/compiled.py 2>/dev/null)
+COMPILED := $(wildcard $(patsubst %,src/%.py,$(subst .,/,$(HOT_PATH))))
+BUILD_INPUTS := pyproject.toml $(wildcard setup.py src/meshmq/compiled.py) $(COMPILED)
 
 # The virtualenv, made once.
 $(BIN)/python:

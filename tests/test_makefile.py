@@ -98,7 +98,8 @@ def test_a_changed_compiled_module_installs_again(checkout: Path) -> None:
     shutil.copy(ROOT / "setup.py", checkout / "setup.py")
     codec = checkout / "src" / "meshmq" / "mqtt" / "codec.py"
     codec.parent.mkdir(parents=True)
-    shutil.copy(ROOT / "src" / "meshmq" / "mqtt" / "codec.py", codec)
+    for source in (codec, checkout / "src" / "meshmq" / "compiled.py"):
+        shutil.copy(ROOT / source.relative_to(checkout), source)
     make(checkout, ".venv/.installed-test")
     assert installs(make(checkout, "serve")) == []
     later = codec.stat().st_mtime + 60

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-# setup.py's COMPILED list, as module names (tests/test_compiled.py keeps the two the same).
+# The modules that setup.py compiles; the Makefile reads this list too (one module a line).
 HOT_PATH = (
     "meshmq.mqtt.codec",
     "meshmq.mqtt.connection",
