@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from meshbench.build import build_loadgen
+from meshbench.standin import StandInTransport
 
 from meshmq.config import load_config
 from meshmq.node.server import BrokerServer
@@ -174,33 +175,6 @@ def short(path: str) -> str:
         if marker in path:
             return path.split(marker, 1)[1]
     return path
-
-
-class StandInTransport:
-    """What the tcp listener's protocol uses of a transport, with no socket (``--python``)."""
-
-    def __init__(self, number: int) -> None:
-        self.peer = ("127.0.0.1", 1024 + number % 60000)
-        self.written = 0
-        self.protocol: asyncio.BaseProtocol | None = None
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return self.peer if name == "peername" else default
-
-    def write(self, data: bytes) -> None:
-        self.written += len(data)
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.protocol = protocol
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
 
 
 def connect_packet(number: int, protocol: int) -> bytes:

@@ -342,6 +342,27 @@ def test_connect_cost_python_mode_connects_every_client_without_sockets(protocol
     assert "(best of 5 x 300)" in done.stdout
 
 
+@pytest.mark.parametrize("log", ["on", "off"])
+def test_publish_cost_delivers_and_acknowledges_every_message_in_order(log: str) -> None:
+    """``publish_cost.py`` drives publishers and a subscriber through the tcp listener's
+    protocol with stand-in transports; it fails unless every message was acknowledged to its
+    publisher and delivered once, in order, to the subscriber."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "publish_cost.py"), "--messages", "2000", "--repeat", "1",
+         "--log", log], capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"log {log}, 10 publishers x 8 a turn, 2,000 messages:" in done.stdout
+    assert "us of CPU per message (best of 1)" in done.stdout
+
+
+def test_publish_cost_fails_when_a_delivery_is_lost() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "publish_cost.py"), "--messages", "2000", "--repeat", "1",
+         "--seed-loss"], capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode != 0
+    assert "due" in done.stderr  # publisher N: got S, S-1 due
+
+
 def test_run_refuses_a_repeat_below_one() -> None:
     done = subprocess.run([sys.executable, str(BENCH / "run.py"), "--repeat", "0", "--list"],
                           capture_output=True, text=True, timeout=60)

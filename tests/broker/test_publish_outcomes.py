@@ -418,3 +418,12 @@ def test_a_retained_publish_whose_store_does_not_answer_closes_the_connection() 
     scene.publish(1, retain=True)
     sent = scene.publisher.sent()
     assert [type(p).__name__ for p in sent] == ["Disconnect"] and scene.publisher.closing
+
+
+def test_a_stored_outcome_is_equal_to_another_at_the_same_position() -> None:
+    """``Stored`` is a plain class (compiled, a dataclass is made slowly): it keeps the
+    dataclass's keywords, equality and repr."""
+    assert Stored(partition=1, offset=41) == Stored(1, 41)
+    assert Stored(1, 41) != Stored(1, 42) and Stored(1, 41) != Stored(2, 41)
+    assert Stored(1, 41) != (1, 41)
+    assert repr(Stored(1, 41)) == "Stored(partition=1, offset=41)"

@@ -14,9 +14,11 @@ from meshmq.log.errors import CorruptBatch, IncompleteBatch
 from meshmq.log.record import (
     FORMAT_VERSION,
     HEADER_SIZE,
+    MESSAGE_ID_BYTES,
     RECORD_PREFIX_SIZE,
     UNASSIGNED_OFFSET,
     BatchBuilder,
+    MessageIds,
     Record,
     decode_batch,
     decode_batches,
@@ -170,6 +172,22 @@ def test_message_ids_are_time_ordered_and_unique() -> None:
     stamps = [message_id_timestamp(i) for i in ids]
     assert stamps == sorted(stamps)
     assert new_message_id(1) < new_message_id(2)
+
+
+def test_ids_of_one_millisecond_count_up_from_a_random_start() -> None:
+    """One random draw per millisecond, then a count: ids of one process never repeat, and
+    a new millisecond (or another generator: another process) starts somewhere else."""
+    ids = MessageIds()
+    first = [ids.draw(7) for _ in range(1000)]
+    assert all(len(i) == MESSAGE_ID_BYTES and message_id_timestamp(i) == 7 for i in first)
+    assert len({i[6:10] for i in first}) == 1  # the millisecond's random bytes
+    counts = [int.from_bytes(i[10:], "big") for i in first]
+    assert counts == list(range(counts[0], counts[0] + 1000))
+    assert counts[0] < 2**47  # so that 2**47 more in the same millisecond still fit
+    later = ids.draw(8)
+    assert message_id_timestamp(later) == 8 and later > first[-1]
+    others = MessageIds()  # seeded from os.urandom like every process's
+    assert not {others.draw(7) for _ in range(1000)} & set(first)
 
 
 def test_new_records_are_unassigned_with_a_fresh_id() -> None:

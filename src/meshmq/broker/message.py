@@ -25,14 +25,14 @@ from meshmq.mqtt.properties import Properties, PropertyId, get_property
 
 _EXPIRY: Final = PropertyId.MESSAGE_EXPIRY_INTERVAL
 _USER: Final = PropertyId.USER_PROPERTY
-_POSITIONED_KEYS = (32, 33)  # ``_frames`` keys of the positioned frames (retain 0, 1)
+_POSITIONED_KEYS: Final = (32, 33)  # ``_frames`` keys of the positioned frames (retain 0, 1)
 
 # User properties that tell an MQTT 5 receiver where a persisted message sits in the commit log
 # (docs/replay.md): enough to resume from there later, on this broker or another. Sent only to
 # a client whose CONNECT carried the user property ``meshmq-positions`` = ``true``.
-PARTITION_PROPERTY = "meshmq-partition"
-OFFSET_PROPERTY = "meshmq-offset"
-POSITIONS_PROPERTY = "meshmq-positions"
+PARTITION_PROPERTY: Final = "meshmq-partition"
+OFFSET_PROPERTY: Final = "meshmq-offset"
+POSITIONS_PROPERTY: Final = "meshmq-positions"
 SYS_PREFIX = "$SYS/"  # the broker's own topics: not client traffic, not client retained messages
 SERVICE_PREFIX = "$service/"  # request/reply topics: they belong to the services layer (Services)
 

@@ -49,6 +49,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from functools import partial
 from pathlib import Path
+from typing import Final
 
 from meshmq.broker.interfaces import Completion, Refused, Stored
 from meshmq.broker.message import Message
@@ -65,7 +66,7 @@ from meshmq.mqtt.reason_codes import ReasonCode
 from meshmq.mqtt.topics import topic_matches, validate_topic_filter
 from meshmq.mypycattr import mypyc_attr
 
-log = logging.getLogger("meshmq.persistence")
+log: Final = logging.getLogger("meshmq.persistence")
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # cluster/partitions.py: PartitionedLog

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from meshmq.broker.interfaces import (
     AppendOutcome,
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from meshmq.broker.interfaces import BrokerEvents, RetainedMessages, Services
     from meshmq.broker.router import Router
 
-log = logging.getLogger("meshmq.broker")
+log: Final = logging.getLogger("meshmq.broker")
 
 
 class PublishHost(Protocol):

@@ -24,7 +24,7 @@ delivery per group wherever its members are). A single-process node's peers are
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from meshmq.broker.local import LocalPeers
 from meshmq.broker.message import SYS_PREFIX, Message
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from meshmq.broker.interfaces import Peers
 
 SharedKey = tuple[str, str]  # (group name, filter)
-_NO_GROUPS: dict[SharedKey, SharedGroup] = {}  # never written to: the common "no group" case
+_NO_GROUPS: Final[dict[SharedKey, SharedGroup]] = {}  # never written to: the common "no group" case
 
 
 class SharedGroup:

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 from meshmq.broker.catchup import CatchUp, LogReader
 from meshmq.broker.message import Message
@@ -56,16 +56,16 @@ if TYPE_CHECKING:
     from meshmq.config import SessionConfig
     from meshmq.mqtt.connection import ServerConnection
 
-log = logging.getLogger("meshmq.session")
+log: Final = logging.getLogger("meshmq.session")
 
 # Shared stand-ins for per-session containers most sessions never fill (an idle connection's
 # memory, docs/benchmarks.md "Connection storms"): replaced by a container of the session's
 # own on first use (``_enqueue``, ``note_qos2``), never modified themselves.
-NO_QUEUE: deque[Any] = deque(maxlen=0)  # maxlen 0: an append by mistake would drop, not leak
-NO_IDS: set[int] = set()  # discarding from it is harmless; adding goes through note_qos2
-NO_UNCERTAIN: dict[int, bytes] = {}  # popping from it is harmless; note_uncertain adds
-NO_SUBSCRIPTIONS: dict[str, Any] = {}
-NO_INFLIGHT: dict[int, Any] = {}
+NO_QUEUE: Final[deque[Any]] = deque(maxlen=0)  # maxlen 0: an append by mistake would drop, not leak
+NO_IDS: Final[set[int]] = set()  # discarding from it is harmless; adding goes through note_qos2
+NO_UNCERTAIN: Final[dict[int, bytes]] = {}  # popping from it is harmless; note_uncertain adds
+NO_SUBSCRIPTIONS: Final[dict[str, Any]] = {}
+NO_INFLIGHT: Final[dict[int, Any]] = {}
 
 
 class ClientLink(Protocol):
@@ -94,7 +94,7 @@ class QueueEntry(NamedTuple):
     group: SharedKey | None  # the shared group it came through
     dup: bool  # may have been sent before (a resend)
 
-CATCHUP_QUEUE = 1000  # a catch-up refills the queue up to this many messages
+CATCHUP_QUEUE: Final = 1000  # a catch-up refills the queue up to this many messages
 
 
 class Outbound:

@@ -30,12 +30,12 @@ children, so memory returns to the bare root after churn.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
 
-DEFAULT_CACHE_SIZE = 10_000
+DEFAULT_CACHE_SIZE: Final = 10_000
 
 
 class _Node(Generic[K, V]):

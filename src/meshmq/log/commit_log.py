@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Final
 
 from meshmq.log.config import LogConfig
 from meshmq.log.errors import LogConfigError, LogDirectoryLocked, LogError
@@ -34,10 +35,10 @@ from meshmq.log.partition import DEFAULT_READ_BYTES, Partition, PartitionStatist
 from meshmq.log.partitioner import Partitioner
 from meshmq.log.record import FORMAT_VERSION, BatchBuilder, Record
 
-LOG_DIRECTORY = "log"
-META_FILE = "meta.json"
-META_FORMAT = "meshmq-log"
-META_VERSION = 1
+LOG_DIRECTORY: Final = "log"
+META_FILE: Final = "meta.json"
+META_FORMAT: Final = "meshmq-log"
+META_VERSION: Final = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ import os
 import struct
 from array import array
 from pathlib import Path
+from typing import ClassVar
 
 from meshmq.log.files import INDEX_SUFFIX, TIMEINDEX_SUFFIX, FsyncFunction, segment_file_name
 
@@ -35,7 +36,7 @@ from meshmq.log.files import INDEX_SUFFIX, TIMEINDEX_SUFFIX, FsyncFunction, segm
 class _EntryFile:
     """A file of (key, value) entries mirrored in two in-memory arrays."""
 
-    ENTRY: struct.Struct
+    ENTRY: ClassVar[struct.Struct]  # (a class attribute: compiled, an annotation alone is a slot)
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -39,6 +39,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from meshmq.log.config import UNLIMITED, LogConfig
 from meshmq.log.errors import (
@@ -68,9 +69,9 @@ from meshmq.log.record import (
 )
 from meshmq.log.segment import LogSegment
 
-CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
-TARGET_BATCH_BYTES = 1024 * 1024  # an append is split into batches of about this size
-DEFAULT_READ_BYTES = 1024 * 1024
+CLEAN_SHUTDOWN_FILE: Final = ".clean_shutdown"
+TARGET_BATCH_BYTES: Final = 1024 * 1024  # an append is split into batches of about this size
+DEFAULT_READ_BYTES: Final = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

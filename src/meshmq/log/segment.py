@@ -50,6 +50,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from meshmq.log.backup import cut_file
 from meshmq.log.errors import CorruptBatch, CorruptSegment, IncompleteBatch, LogClosed
@@ -79,13 +80,13 @@ from meshmq.log.record import (
     zero_tail_start,
 )
 
-log = logging.getLogger("meshmq.log")
+log: Final = logging.getLogger("meshmq.log")
 
-PAGE_BYTES = 4096  # the unit in which the kernel writes a file's data back
+PAGE_BYTES: Final = 4096  # the unit in which the kernel writes a file's data back
 
-MAX_RELATIVE_OFFSET = 0xFFFF_FFFF  # relative offsets are u32 in the indexes
-MAX_SEGMENT_BYTES = 0xFFFF_FFFF  # positions are u32 in the offset index
-DEFAULT_INDEX_INTERVAL_BYTES = 4096
+MAX_RELATIVE_OFFSET: Final = 0xFFFF_FFFF  # relative offsets are u32 in the indexes
+MAX_SEGMENT_BYTES: Final = 0xFFFF_FFFF  # positions are u32 in the offset index
+DEFAULT_INDEX_INTERVAL_BYTES: Final = 4096
 
 
 @dataclass(slots=True)

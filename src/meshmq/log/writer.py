@@ -74,14 +74,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, Final, NamedTuple
 
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.errors import LogClosed, LogError
 from meshmq.log.inline_guard import InlineGuard
 from meshmq.log.record import BatchBuilder, Record
 
-log = logging.getLogger("meshmq.log")
+log: Final = logging.getLogger("meshmq.log")
 
 
 class FsyncPolicy(StrEnum):
@@ -141,8 +141,8 @@ class _Signal:
     records: ClassVar[int] = 0
 
 
-_STOP = _Signal()
-_WAKE = _Signal()
+_STOP: Final = _Signal()
+_WAKE: Final = _Signal()
 _Work = _Request | _Submission | _Signal
 
 
@@ -212,7 +212,7 @@ class _Inbox:
 
 
 # Upper bounds (seconds) of the fsync latency histogram's buckets (the last bucket: above them).
-FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+FSYNC_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from meshmq.mqtt.errors import (
     InsufficientData,
@@ -64,36 +64,37 @@ from meshmq.mqtt.properties import (
 )
 from meshmq.mqtt.reason_codes import ReasonCode
 
-MAX_REMAINING_LENGTH = 268_435_455
-MAX_VARINT = 268_435_455
+MAX_REMAINING_LENGTH: Final = 268_435_455
+MAX_VARINT: Final = 268_435_455
 
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_pack_u16 = _U16.pack
-_pack_u32 = _U32.pack
-_ACK_FRAME = struct.Struct(">BBH")  # first byte, remaining length 2, packet id
-_PUBLISH_HEAD = struct.Struct(">BBH")  # first byte, one-byte remaining length, topic length
+_U16: Final = struct.Struct(">H")
+_U32: Final = struct.Struct(">I")
+_pack_u16: Final = _U16.pack
+_pack_u32: Final = _U32.pack
+_ACK_FRAME: Final = struct.Struct(">BBH")  # first byte, remaining length 2, packet id
+_PUBLISH_HEAD: Final = struct.Struct(">BBH")  # first byte, one-byte remaining length, topic length
 
 # Enum members as plain module constants: attribute access on an Enum class costs several
 # times a global lookup on CPython 3.11, and these are read once or more per packet.
-_PUBLISH = int(PacketType.PUBLISH)
-_PUBREL = int(PacketType.PUBREL)
-_UTF8_PAIR = WireType.UTF8_PAIR
-_VARINT = WireType.VARINT
+_PUBLISH: Final = int(PacketType.PUBLISH)
+_PUBREL: Final = int(PacketType.PUBREL)
+_UTF8_PAIR: Final = WireType.UTF8_PAIR
+_VARINT: Final = WireType.VARINT
 
 # Reason codes each packet type may carry (spec 3.x.2.1 tables).
-_PUBACK_CODES = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
-_PUBREL_CODES = frozenset({0x00, 0x92})
-_SUBACK_CODES = frozenset({0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2})
-_SUBACK_CODES_311 = frozenset({0x00, 0x01, 0x02, 0x80})
-_SUBACK_CODES_31 = frozenset({0x00, 0x01, 0x02})  # 3.1 grants a QoS; it cannot refuse
-_UNSUBACK_CODES = frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91})
-_DISCONNECT_CODES = frozenset(
+_PUBACK_CODES: Final = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
+_PUBREL_CODES: Final = frozenset({0x00, 0x92})
+_SUBACK_CODES: Final = frozenset(
+    {0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2})
+_SUBACK_CODES_311: Final = frozenset({0x00, 0x01, 0x02, 0x80})
+_SUBACK_CODES_31: Final = frozenset({0x00, 0x01, 0x02})  # 3.1 grants a QoS; it cannot refuse
+_UNSUBACK_CODES: Final = frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91})
+_DISCONNECT_CODES: Final = frozenset(
     {0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93, 0x94,
      0x95, 0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2}
 )
-_AUTH_CODES = frozenset({0x00, 0x18, 0x19})
-_CONNACK_CODES = frozenset(
+_AUTH_CODES: Final = frozenset({0x00, 0x18, 0x19})
+_CONNACK_CODES: Final = frozenset(
     {0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90, 0x95,
      0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F}
 )
@@ -220,7 +221,7 @@ def _encode_byte(value: int) -> bytes:
     return bytes((value,))
 
 
-_ENCODE_SCALAR: dict[WireType, Callable[[Any], bytes]] = {
+_ENCODE_SCALAR: Final[dict[WireType, Callable[[Any], bytes]]] = {
     WireType.BYTE: _encode_byte,
     WireType.TWO_BYTE: _pack_u16,
     WireType.FOUR_BYTE: _pack_u32,
@@ -235,13 +236,14 @@ def _decode_byte(data: bytes, pos: int, end: int) -> tuple[int, int]:
     return data[pos], pos + 1
 
 
-_DECODE_NUMBER: dict[WireType, Callable[[bytes, int, int], tuple[int, int]]] = {
+_DECODE_NUMBER: Final[dict[WireType, Callable[[bytes, int, int], tuple[int, int]]]] = {
     WireType.BYTE: _decode_byte,
     WireType.TWO_BYTE: decode_u16,
     WireType.FOUR_BYTE: decode_u32,
     WireType.VARINT: decode_varint,
 }
-_DECODE_SCALAR: dict[WireType, Callable[[bytes, int, int], tuple[int | str | bytes, int]]] = {
+_ScalarDecoder = Callable[[bytes, int, int], tuple[int | str | bytes, int]]
+_DECODE_SCALAR: Final[dict[WireType, _ScalarDecoder]] = {
     **_DECODE_NUMBER,
     WireType.UTF8: decode_utf8,
     WireType.BINARY: decode_binary,
@@ -250,7 +252,8 @@ _DECODE_SCALAR: dict[WireType, Callable[[bytes, int, int], tuple[int | str | byt
 
 # Reason code for a property value out of its range, where the spec names one other than 0x82:
 # Topic Alias 0 is 0x94 Topic Alias invalid (MQTT-3.3.2-8, spec 3.3.2.3.4 and 4.13.1).
-_OUT_OF_BOUNDS: dict[int, ReasonCode] = {PropertyId.TOPIC_ALIAS: ReasonCode.TOPIC_ALIAS_INVALID}
+_OUT_OF_BOUNDS: Final[dict[int, ReasonCode]] = {
+    PropertyId.TOPIC_ALIAS: ReasonCode.TOPIC_ALIAS_INVALID}
 
 
 def with_topic_alias(block: bytes, alias: int) -> bytes:
@@ -264,8 +267,8 @@ def with_topic_alias(block: bytes, alias: int) -> bytes:
                      block[pos:]))
 
 
-_TOPIC_ALIAS = int(PropertyId.TOPIC_ALIAS)
-_SUBSCRIPTION_IDENTIFIER = int(PropertyId.SUBSCRIPTION_IDENTIFIER)
+_TOPIC_ALIAS: Final = int(PropertyId.TOPIC_ALIAS)
+_SUBSCRIPTION_IDENTIFIER: Final = int(PropertyId.SUBSCRIPTION_IDENTIFIER)
 
 
 def decode_properties(
@@ -392,10 +395,10 @@ def _expect_end(pos: int, end: int, what: str) -> None:
 
 # The protocols spoken: (name, level). MQTT 3.1 is IBM's V3.1 ("MQIsdp", level 3), still sent by
 # older devices; 3.1.1 (OASIS) and 5.0 call themselves "MQTT".
-PROTOCOLS = frozenset({("MQIsdp", MQTT_31), ("MQTT", MQTT_311), ("MQTT", MQTT_5)})
+PROTOCOLS: Final = frozenset({("MQIsdp", MQTT_31), ("MQTT", MQTT_311), ("MQTT", MQTT_5)})
 
 
-_MQTT_NAME = b"\x00\x04MQTT"  # how the variable header of a 3.1.1 or 5.0 CONNECT begins
+_MQTT_NAME: Final = b"\x00\x04MQTT"  # how the variable header of a 3.1.1 or 5.0 CONNECT begins
 
 
 def _unsupported_level(name: str, level: int) -> RemoteProtocolError:
@@ -500,7 +503,7 @@ def decode_publish(data: bytes, pos: int, end: int, flags: int, version: int) ->
 
 
 _AckClass = type[Puback] | type[Pubrec] | type[Pubrel] | type[Pubcomp]
-_ACK_CLASSES: dict[int, tuple[_AckClass, frozenset[int], PacketKind]] = {
+_ACK_CLASSES: Final[dict[int, tuple[_AckClass, frozenset[int], PacketKind]]] = {
     PacketType.PUBACK: (Puback, _PUBACK_CODES, PacketKind.PUBACK),
     PacketType.PUBREC: (Pubrec, _PUBACK_CODES, PacketKind.PUBREC),
     PacketType.PUBREL: (Pubrel, _PUBREL_CODES, PacketKind.PUBREL),
@@ -631,7 +634,7 @@ def _decode_empty(cls: type[Pingreq] | type[Pingresp], pos: int, end: int) -> Pa
 
 
 # Required fixed-header flag nibble per packet type (MQTT-2.1.3-1); PUBLISH is free-form.
-_REQUIRED_FLAGS: dict[int, int] = {
+_REQUIRED_FLAGS: Final[dict[int, int]] = {
     PacketType.CONNECT: 0, PacketType.CONNACK: 0, PacketType.PUBACK: 0, PacketType.PUBREC: 0,
     PacketType.PUBREL: 2, PacketType.PUBCOMP: 0, PacketType.SUBSCRIBE: 2, PacketType.SUBACK: 0,
     PacketType.UNSUBSCRIBE: 2, PacketType.UNSUBACK: 0, PacketType.PINGREQ: 0,
@@ -639,7 +642,8 @@ _REQUIRED_FLAGS: dict[int, int] = {
 }
 
 
-_DUP_ALLOWED_31 = frozenset({PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE})
+_DUP_ALLOWED_31: Final = frozenset(
+    {PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE})
 
 
 def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> Packet:
@@ -667,7 +671,7 @@ def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> 
         raise MalformedPacket(f"undecodable packet type {ptype}: {exc!r}") from None
 
 
-_DECODERS: dict[int, Callable[[bytes, int, int, int], Packet]] = {
+_DECODERS: Final[dict[int, Callable[[bytes, int, int, int], Packet]]] = {
     PacketType.CONNECT: decode_connect,
     PacketType.CONNACK: decode_connack,
     PacketType.PUBACK: partial(_decode_ack, PacketType.PUBACK),
@@ -827,7 +831,7 @@ def _encode_reason_packet(packet: Disconnect | Auth, version: int) -> bytes:
 
 
 # Each encoder takes the packet class of its key (Any: a dict cannot say so per key).
-_ENCODERS: dict[int, Callable[[Any, int], bytes]] = {
+_ENCODERS: Final[dict[int, Callable[[Any, int], bytes]]] = {
     PacketType.CONNECT: _encode_connect,
     PacketType.CONNACK: _encode_connack,
     PacketType.PUBLISH: _encode_publish_packet,

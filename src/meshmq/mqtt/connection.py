@@ -86,12 +86,12 @@ class ConnectionState(Enum):
     CLOSED = 4
 
 
-AWAIT_CONNECT = ConnectionState.AWAIT_CONNECT
-CONNECTING = ConnectionState.CONNECTING
-CONNECTED = ConnectionState.CONNECTED
-CLOSED = ConnectionState.CLOSED
+AWAIT_CONNECT: Final = ConnectionState.AWAIT_CONNECT
+CONNECTING: Final = ConnectionState.CONNECTING
+CONNECTED: Final = ConnectionState.CONNECTED
+CLOSED: Final = ConnectionState.CLOSED
 
-_CLIENT_FORBIDDEN = frozenset(
+_CLIENT_FORBIDDEN: Final = frozenset(
     {PacketType.CONNACK, PacketType.SUBACK, PacketType.UNSUBACK, PacketType.PINGRESP}
 )
 # Enum members as module constants: reading an Enum class attribute costs several times a
@@ -102,34 +102,34 @@ _PINGREQ: Final = PacketType.PINGREQ
 _PUBREL: Final = PacketType.PUBREL
 _DISCONNECT: Final = PacketType.DISCONNECT
 _AUTH: Final = PacketType.AUTH
-_PINGRESP = b"\xd0\x00"
+_PINGRESP: Final = b"\xd0\x00"
 # The 3.1/3.1.1 CONNACKs, by session present and return code (0 to 5): four fixed bytes each.
-_CONNACK_311 = tuple(
+_CONNACK_311: Final = tuple(
     tuple(encode_packet(Connack(present, code), MQTT_311) for code in range(6))
     for present in (False, True))
-TOPIC_CACHE_SIZE = 64  # validated topic names remembered per connection (see _fast_publish)
-_PROBLEM_PROPS = (PropertyId.REASON_STRING, PropertyId.USER_PROPERTY)
-MAX_CLIENT_ID_31 = 23  # characters, MQTT 3.1 section 3.1
+TOPIC_CACHE_SIZE: Final = 64  # validated topic names remembered per connection (see _fast_publish)
+_PROBLEM_PROPS: Final = (PropertyId.REASON_STRING, PropertyId.USER_PROPERTY)
+MAX_CLIENT_ID_31: Final = 23  # characters, MQTT 3.1 section 3.1
 # CONNECT refusals a 3.1/3.1.1 client is told with a CONNACK return code (MQTT-3.1.2-2 and the
 # 3.1 client id rule); any other error before CONNACK just closes (MQTT-3.1.4-1).
-_CONNACK_311_REFUSALS = frozenset(
+_CONNACK_311_REFUSALS: Final = frozenset(
     {ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID})
-UNLIMITED = 268_435_460
+UNLIMITED: Final = 268_435_460
 # Shared by every connection that has had no QoS 2 PUBLISH yet (most never do): an empty set
 # per connection is 216 bytes. Never modified: ``_add_qos2`` gives a connection its own first.
-_NO_IDS: set[int] = set()
-_NO_TOPICS: dict[bytes, str] = {}
-_NO_ALIASES: dict[int, str] = {}
+_NO_IDS: Final[set[int]] = set()
+_NO_TOPICS: Final[dict[bytes, str]] = {}
+_NO_ALIASES: Final[dict[int, str]] = {}
 
 
 # The events of a connection with none pending: shared, never appended to (``receive_data``
 # gives a connection a list of its own first), so an idle client holds no list (56 bytes).
-_NO_EVENTS: list[Packet] = []
+_NO_EVENTS: Final[list[Packet]] = []
 # Shared empty lists for the input buffer and the output queue: never appended to (each is
 # replaced by a list of its own when it gets something), so an idle connection owns neither
 # (112 bytes and two objects the garbage collector walks, per connection).
-_NO_BUFFER: list[bytes] = []
-_NO_OUTPUT: list[bytes] = []
+_NO_BUFFER: Final[list[bytes]] = []
+_NO_OUTPUT: Final[list[bytes]] = []
 
 
 class ServerConnection:

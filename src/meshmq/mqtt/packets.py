@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
 from meshmq.mqtt.properties import Properties
 
-MQTT_31 = 3  # protocol name "MQIsdp" (IBM's MQTT V3.1 specification)
-MQTT_311 = 4
-MQTT_5 = 5
+MQTT_31: Final = 3  # protocol name "MQIsdp" (IBM's MQTT V3.1 specification)
+MQTT_311: Final = 4
+MQTT_5: Final = 5
 
 
 class PacketType(IntEnum):

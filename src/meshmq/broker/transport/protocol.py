@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from meshmq.broker.ratelimit import ClientThrottle
 from meshmq.broker.transport.certauth import certify
@@ -44,20 +44,22 @@ if TYPE_CHECKING:
     from meshmq.broker.broker import Broker
     from meshmq.broker.session import Session
 
-log = logging.getLogger("meshmq.connection")
+log: Final = logging.getLogger("meshmq.connection")
 
-WRITE_HIGH_WATER = 512 * 1024
-WRITE_LOW_WATER = 128 * 1024
-WRITE_HARD_LIMIT = 4 * WRITE_HIGH_WATER  # beyond it, stop reading a client that does not read
-TURN_PACKETS = 1000  # packets parsed per connection per loop turn, so no client hogs the loop
+WRITE_HIGH_WATER: Final = 512 * 1024
+WRITE_LOW_WATER: Final = 128 * 1024
+# beyond it, stop reading a client that does not read
+WRITE_HARD_LIMIT: Final = 4 * WRITE_HIGH_WATER
+# packets parsed per connection per loop turn, so no client hogs the loop
+TURN_PACKETS: Final = 1000
 # Shared by every connection whose reading was never paused (most): never modified, as
 # ``_pause_reading`` gives a connection a set of its own first (216 bytes saved per client).
-_NOT_PAUSED: set[str] = set()
+_NOT_PAUSED: Final[set[str]] = set()
 # Likewise for packets held back by the throttle: ``_waiting`` is only ever replaced, never
 # appended to, so connections that were never throttled share this one.
-_NOTHING_WAITING: list[Packet] = []
+_NOTHING_WAITING: Final[list[Packet]] = []
 # 1.5 x each Keep Alive seen, shared: a fleet uses a handful of values (24 bytes per client).
-_KEEP_ALIVE_LIMITS: dict[int, float] = {}
+_KEEP_ALIVE_LIMITS: Final[dict[int, float]] = {}
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # listeners.py: the TCP and listener ones
