@@ -134,7 +134,12 @@ class MessageIds:
     both drew some. One random draw per millisecond, not one per id, and the count is a small
     integer: a 128-bit integer per id cost about a tenth of a persisted message's log
     overhead. The generator is seeded once from ``os.urandom`` (a system call per message
-    cost ~4% of the broker's time); ids need uniqueness, not secrecy."""
+    cost ~4% of the broker's time); ids need uniqueness, not secrecy.
+
+    A draw is atomic when compiled (no Python code runs inside it, so the GIL is never given
+    up). As Python, a thread switch can come only at the calls of a new millisecond: a thread
+    that draws meanwhile still sees the previous millisecond and goes on with its count, and
+    the millisecond is recorded last, once its prefix and count are in place."""
 
     def __init__(self) -> None:
         self.random = random.Random(os.urandom(32))
@@ -150,10 +155,10 @@ class MessageIds:
 
     def draw(self, now_ms: int) -> bytes:
         if now_ms != self.ms:
-            self.ms = now_ms
-            self.prefix = ((now_ms & 0xFFFF_FFFF_FFFF).to_bytes(6, "big")
-                           + self.random.getrandbits(32).to_bytes(4, "big"))
-            self.count = self.random.getrandbits(47)
+            prefix = ((now_ms & 0xFFFF_FFFF_FFFF).to_bytes(6, "big")
+                      + self.random.getrandbits(32).to_bytes(4, "big"))
+            count = self.random.getrandbits(47)
+            self.prefix, self.count, self.ms = prefix, count, now_ms
         count = self.count
         self.count = count + 1
         return self.prefix + count.to_bytes(6, "big")
