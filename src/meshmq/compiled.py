@@ -37,7 +37,7 @@ def compiled_modules() -> list[str]:
 
 
 def describe() -> str:
-    """"compiled hot path (15 of 15 modules)" or "pure Python"."""
+    """"compiled hot path (20 of 20 modules)" or "pure Python"."""
     count = len(compiled_modules())
     if not count:
         return "pure Python"
