@@ -7,6 +7,7 @@ import importlib
 
 # The modules that setup.py compiles; the Makefile reads this list too (one module a line).
 HOT_PATH = (
+    "meshmq.mqtt.packets",
     "meshmq.mqtt.codec",
     "meshmq.mqtt.connection",
     "meshmq.broker.publishes",

@@ -5,6 +5,13 @@ codes default to success; ``properties`` is always a dict (empty for 3.1.1 peers
 ``codec.py`` turns these into bytes and back for a given protocol version. Each class's ``type``
 is a class attribute typed with its one value, so that ``packet.type is PacketType.X`` tells
 the type checker which class a ``Packet`` is.
+
+The packets are plain classes with ``__slots__``, not dataclasses: this module is compiled
+(mypyc, docs/architecture.md, "The compiled hot path"), and a compiled dataclass is made through
+the Python ``__init__`` that ``dataclasses`` generates, at several times the cost of a native
+constructor, for a PUBLISH and its acknowledgement per message. ``_Fields`` gives them a
+dataclass's equality and repr (by ``FIELDS``); the constructors keep a dataclass's positional
+order, keywords and defaults. ``Will`` and ``SubscriptionOptions`` stay dataclasses.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from enum import IntEnum
 from typing import ClassVar, Final, Literal
 
 from meshmq.mqtt.properties import Properties
+from meshmq.mypycattr import mypyc_attr
 
 MQTT_31: Final = 3  # protocol name "MQIsdp" (IBM's MQTT V3.1 specification)
 MQTT_311: Final = 4
@@ -38,6 +46,22 @@ class PacketType(IntEnum):
     AUTH = 15
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (Connect's base: see Connect)
+class _Fields:
+    """A packet's equality and repr, a dataclass's, by the names in ``FIELDS``."""
+
+    __slots__ = ()
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(
+            getattr(self, name) == getattr(other, name) for name in self.FIELDS)
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIELDS)
+        return f"{type(self).__name__}({values})"
+
+
 @dataclass(slots=True)
 class Will:
     topic: str
@@ -45,72 +69,6 @@ class Will:
     qos: int = 0
     retain: bool = False
     properties: Properties = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Connect:
-    client_id: str
-    protocol_level: int = MQTT_5
-    clean_start: bool = True
-    keep_alive: int = 60
-    username: str | None = None
-    password: bytes | None = None
-    will: Will | None = None
-    properties: Properties = field(default_factory=dict)
-    protocol_name: str = "MQTT"
-    type: ClassVar[Literal[PacketType.CONNECT]] = PacketType.CONNECT
-
-
-@dataclass(slots=True)
-class Connack:
-    session_present: bool = False
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
-    type: ClassVar[Literal[PacketType.CONNACK]] = PacketType.CONNACK
-
-
-@dataclass(slots=True)
-class Publish:
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    dup: bool = False
-    packet_id: int | None = None
-    properties: Properties = field(default_factory=dict)
-    type: ClassVar[Literal[PacketType.PUBLISH]] = PacketType.PUBLISH
-
-
-@dataclass(slots=True)
-class Puback:
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
-    type: ClassVar[Literal[PacketType.PUBACK]] = PacketType.PUBACK
-
-
-@dataclass(slots=True)
-class Pubrec:
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
-    type: ClassVar[Literal[PacketType.PUBREC]] = PacketType.PUBREC
-
-
-@dataclass(slots=True)
-class Pubrel:
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
-    type: ClassVar[Literal[PacketType.PUBREL]] = PacketType.PUBREL
-
-
-@dataclass(slots=True)
-class Pubcomp:
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
-    type: ClassVar[Literal[PacketType.PUBCOMP]] = PacketType.PUBCOMP
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,59 +79,170 @@ class SubscriptionOptions:
     retain_handling: int = 0
 
 
-@dataclass(slots=True)
-class Subscribe:
-    packet_id: int
-    subscriptions: list[tuple[str, SubscriptionOptions]]
-    properties: Properties = field(default_factory=dict)
+@mypyc_attr(allow_interpreted_subclasses=True)  # broker/transport/certauth.py
+class Connect(_Fields):
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "client_id", "protocol_level", "clean_start", "keep_alive", "username", "password", "will",
+        "properties", "protocol_name")
+    __slots__ = FIELDS
+    type: ClassVar[Literal[PacketType.CONNECT]] = PacketType.CONNECT
+
+    def __init__(self, client_id: str, protocol_level: int = MQTT_5, clean_start: bool = True,
+                 keep_alive: int = 60, username: str | None = None, password: bytes | None = None,
+                 will: Will | None = None, properties: Properties | None = None,
+                 protocol_name: str = "MQTT") -> None:
+        self.client_id = client_id
+        self.protocol_level = protocol_level
+        self.clean_start = clean_start
+        self.keep_alive = keep_alive
+        self.username = username
+        self.password = password
+        self.will = will
+        self.properties: Properties = {} if properties is None else properties
+        self.protocol_name = protocol_name
+
+
+class Connack(_Fields):
+    FIELDS: ClassVar[tuple[str, ...]] = ("session_present", "reason_code", "properties")
+    __slots__ = FIELDS
+    type: ClassVar[Literal[PacketType.CONNACK]] = PacketType.CONNACK
+
+    def __init__(self, session_present: bool = False, reason_code: int = 0,
+                 properties: Properties | None = None) -> None:
+        self.session_present = session_present
+        self.reason_code = reason_code
+        self.properties: Properties = {} if properties is None else properties
+
+
+class Publish(_Fields):
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
+    __slots__ = FIELDS
+    type: ClassVar[Literal[PacketType.PUBLISH]] = PacketType.PUBLISH
+
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                 dup: bool = False, packet_id: int | None = None,
+                 properties: Properties | None = None) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties: Properties = {} if properties is None else properties
+
+
+class _Ack(_Fields):
+    """PUBACK, PUBREC, PUBREL and PUBCOMP: a packet id, a reason code, properties."""
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("packet_id", "reason_code", "properties")
+    __slots__ = FIELDS
+
+    def __init__(self, packet_id: int, reason_code: int = 0,
+                 properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties: Properties = {} if properties is None else properties
+
+
+class Puback(_Ack):
+    __slots__ = ()
+    type: ClassVar[Literal[PacketType.PUBACK]] = PacketType.PUBACK
+
+
+class Pubrec(_Ack):
+    __slots__ = ()
+    type: ClassVar[Literal[PacketType.PUBREC]] = PacketType.PUBREC
+
+
+class Pubrel(_Ack):
+    __slots__ = ()
+    type: ClassVar[Literal[PacketType.PUBREL]] = PacketType.PUBREL
+
+
+class Pubcomp(_Ack):
+    __slots__ = ()
+    type: ClassVar[Literal[PacketType.PUBCOMP]] = PacketType.PUBCOMP
+
+
+class Subscribe(_Fields):
+    FIELDS: ClassVar[tuple[str, ...]] = ("packet_id", "subscriptions", "properties")
+    __slots__ = FIELDS
     type: ClassVar[Literal[PacketType.SUBSCRIBE]] = PacketType.SUBSCRIBE
 
+    def __init__(self, packet_id: int, subscriptions: list[tuple[str, SubscriptionOptions]],
+                 properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.subscriptions = subscriptions
+        self.properties: Properties = {} if properties is None else properties
 
-@dataclass(slots=True)
-class Suback:
-    packet_id: int
-    reason_codes: list[int]
-    properties: Properties = field(default_factory=dict)
+
+class Suback(_Fields):
+    FIELDS: ClassVar[tuple[str, ...]] = ("packet_id", "reason_codes", "properties")
+    __slots__ = FIELDS
     type: ClassVar[Literal[PacketType.SUBACK]] = PacketType.SUBACK
 
+    def __init__(self, packet_id: int, reason_codes: list[int],
+                 properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.reason_codes = reason_codes
+        self.properties: Properties = {} if properties is None else properties
 
-@dataclass(slots=True)
-class Unsubscribe:
-    packet_id: int
-    topic_filters: list[str]
-    properties: Properties = field(default_factory=dict)
+
+class Unsubscribe(_Fields):
+    FIELDS: ClassVar[tuple[str, ...]] = ("packet_id", "topic_filters", "properties")
+    __slots__ = FIELDS
     type: ClassVar[Literal[PacketType.UNSUBSCRIBE]] = PacketType.UNSUBSCRIBE
 
+    def __init__(self, packet_id: int, topic_filters: list[str],
+                 properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.topic_filters = topic_filters
+        self.properties: Properties = {} if properties is None else properties
 
-@dataclass(slots=True)
-class Unsuback:
-    packet_id: int
-    reason_codes: list[int] = field(default_factory=list)  # empty for 3.1.1
-    properties: Properties = field(default_factory=dict)
+
+class Unsuback(_Fields):
+    FIELDS: ClassVar[tuple[str, ...]] = ("packet_id", "reason_codes", "properties")
+    __slots__ = FIELDS
     type: ClassVar[Literal[PacketType.UNSUBACK]] = PacketType.UNSUBACK
 
+    def __init__(self, packet_id: int, reason_codes: list[int] | None = None,
+                 properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.reason_codes: list[int] = [] if reason_codes is None else reason_codes
+        self.properties: Properties = {} if properties is None else properties
 
-@dataclass(slots=True)
-class Pingreq:
+
+class Pingreq(_Fields):
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+    __slots__ = FIELDS
     type: ClassVar[Literal[PacketType.PINGREQ]] = PacketType.PINGREQ
 
 
-@dataclass(slots=True)
-class Pingresp:
+class Pingresp(_Fields):
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+    __slots__ = FIELDS
     type: ClassVar[Literal[PacketType.PINGRESP]] = PacketType.PINGRESP
 
 
-@dataclass(slots=True)
-class Disconnect:
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+class _Reasoned(_Fields):
+    """DISCONNECT and AUTH: a reason code, properties."""
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("reason_code", "properties")
+    __slots__ = FIELDS
+
+    def __init__(self, reason_code: int = 0, properties: Properties | None = None) -> None:
+        self.reason_code = reason_code
+        self.properties: Properties = {} if properties is None else properties
+
+
+class Disconnect(_Reasoned):
+    __slots__ = ()
     type: ClassVar[Literal[PacketType.DISCONNECT]] = PacketType.DISCONNECT
 
 
-@dataclass(slots=True)
-class Auth:
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+class Auth(_Reasoned):
+    __slots__ = ()
     type: ClassVar[Literal[PacketType.AUTH]] = PacketType.AUTH
 
 

@@ -11,10 +11,8 @@ authentication (ACLs, ``%u``) sees the CN as the user name.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from meshmq.broker.authn import ConnectAuthenticator
 from meshmq.config import AuthConfig
@@ -23,14 +21,15 @@ from meshmq.mqtt.packets import Connect
 log = logging.getLogger("meshmq.auth")
 
 
-@dataclass(slots=True)
 class CertifiedConnect(Connect):
     """A CONNECT whose user name a verified client certificate proved."""
+
+    __slots__ = ()
 
 
 def certify(packet: Connect, username: str) -> CertifiedConnect:
     """``packet`` with ``username`` as its user name and no password, marked as proven."""
-    values = {f.name: getattr(packet, f.name) for f in dataclasses.fields(packet)}
+    values = {name: getattr(packet, name) for name in Connect.FIELDS}
     values.update(username=username, password=None)
     return CertifiedConnect(**values)
 
