@@ -28,6 +28,17 @@ HOT_PATH = (
     "meshmq.log.partition",
     "meshmq.log.segment",
     "meshmq.log.commit_log",
+    # the connect path: accepting a socket, the CONNECT, its session, the CONNACK
+    "meshmq.mqtt.reason_codes",
+    "meshmq.broker.connects",
+    "meshmq.broker.lifecycle",
+    "meshmq.broker.deadlines",
+    "meshmq.broker.keeper",
+    "meshmq.broker.ratelimit",
+    "meshmq.broker.authn",
+    "meshmq.broker.transport.admission",
+    "meshmq.broker.transport.stream",
+    "meshmq.broker.transport.listeners",
 )
 
 

@@ -52,7 +52,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, cast
 
 from meshmq.broker.transport.acceptq import AcceptQueueWatch, Change, can_watch, queued_connections
 from meshmq.broker.transport.admission import Admission, Decision, NetworkRules, Ticket, Verdict
@@ -271,19 +271,20 @@ class TcpClientProtocol(ClientProtocol):
     place: a connection costs one protocol object and no hand-over. Admission happens at
     accept; a connection that is not simply admitted is handed to a ``Gate``, which refuses
     it. A TLS ClientHello (first byte 0x16) is refused by the CONNECT check at its first byte
-    (``NotConnect``) and logged as the gate logs it. Each listener makes a subclass naming
-    itself (``for_listener``), so that no connection holds a reference to it."""
+    (``NotConnect``) and logged as the gate logs it. The listener's factory (``for_listener``)
+    makes this class itself, not a subclass of it: compiled, a connection of a subclass made
+    at run time would call every method of ``ClientProtocol`` through Python."""
 
-    __slots__ = ("admission_key",)  # its admission count's key (no Ticket object)
-    listener: ClassVar[Listener]
+    __slots__ = ("admission_key", "listener")
 
-    def __init__(self) -> None:  # (admitted at accept)
-        ClientProtocol.__init__(self, self.listener.broker)
-        self.admission_key: str | None = None
+    def __init__(self, listener: Listener) -> None:  # (admitted at accept)
+        ClientProtocol.__init__(self, listener.broker)
+        self.listener = listener
+        self.admission_key: str | None = None  # its admission count's key (no Ticket object)
 
-    @classmethod
-    def for_listener(cls, listener: Listener) -> type[TcpClientProtocol]:
-        return type(cls.__name__, (cls,), {"__slots__": (), "listener": listener})
+    @staticmethod
+    def for_listener(listener: Listener) -> Callable[[], TcpClientProtocol]:
+        return partial(TcpClientProtocol, listener)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         listener = self.listener
@@ -315,6 +316,12 @@ class TcpClientProtocol(ClientProtocol):
                      " listener is elsewhere)", self.listener.spec.name, self.peer)
             return
         super()._log_protocol_error(error)
+
+
+def server_sockets(server: asyncio.AbstractServer) -> list[socket.socket]:
+    """A server's sockets: a tuple under asyncio (as typeshed says), a list under uvloop,
+    which this module's compiled code would refuse as not the annotated tuple."""
+    return list(cast(Any, server).sockets)
 
 
 class Listener:
@@ -361,11 +368,12 @@ class Listener:
                 self.factory, spec.bind, spec.port, reuse_address=True, backlog=4096,
                 reuse_port=self.reuse_port or None,
             )
-            for sock in server.sockets:
+            bound = server_sockets(server)
+            for sock in bound:
                 if sock.family in (socket.AF_INET, socket.AF_INET6):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if can_watch() and len(server.sockets) == 1:  # (several: one handle each)
-                sock = server.sockets[0]
+            if can_watch() and len(bound) == 1:  # (several: one handle each)
+                sock = bound[0]
                 self._probe = socket.socket(sock.family, sock.type, sock.proto,
                                             os.dup(sock.fileno()))
                 self.watch = AcceptQueueWatch()
@@ -378,7 +386,7 @@ class Listener:
                 f"cannot listen listener={spec.name} bind={spec.bind} port={spec.port}"
                 f" error={reason}"
             ) from None
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = server_sockets(server)[0].getsockname()[1]
 
     async def _start_streams(self, loop: asyncio.AbstractEventLoop) -> None:
         """The plain tcp listener: accept on our own, each connection a ``TcpStream``.
@@ -392,7 +400,7 @@ class Listener:
         )
         try:
             sockets = [socket.socket(sock.family, sock.type, sock.proto, os.dup(sock.fileno()))
-                       for sock in server.sockets]
+                       for sock in server_sockets(server)]
         finally:
             server.close()  # (its descriptors: ours keep the sockets)
         try:
