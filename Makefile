@@ -98,7 +98,9 @@ test: $(TEST)
 	@$(BIN)/python -m compileall -q build/pure >/dev/null
 	@PYTHONPATH=build/pure $(BIN)/python -m meshmq --version
 	PYTHONPATH=build/pure $(BIN)/python -m pytest -n 2 --dist loadgroup -q \
-	  tests/mqtt tests/log tests/broker/test_persistence_turns.py tests/broker/test_durability.py
+	  tests/mqtt tests/log tests/broker/test_persistence_turns.py tests/broker/test_durability.py \
+	  tests/broker/test_accept.py tests/broker/test_connect_sessions.py \
+	  tests/broker/test_deadlines.py tests/broker/test_streams.py tests/security/test_admission.py
 
 ## Lint and type check only (in the test environment, where ruff and mypy are).
 lint: $(TEST)
