@@ -30,14 +30,12 @@ def note(message: str) -> None:
     print(f"meshmq build: {message}", file=sys.stderr)
 
 
-def remove_compiled() -> None:
-    """Delete the extensions an earlier install built in place (an editable install, as
-    ``make`` does): without this, a plain Python install would go on importing them."""
-    src = HERE / "src"
-    stale = list(src.glob("*__mypyc.*.so"))
-    for path in COMPILED:
-        source = src / path
-        stale += source.parent.glob(f"{source.stem}.*.so")
+def remove_compiled(src: Path = HERE / "src") -> None:
+    """Delete every extension an earlier install built in place (an editable install, as
+    ``make`` does): without this, a plain Python install would go on importing them, and a
+    module taken off ``HOT_PATH`` would go on importing its old extension. The group's shared
+    libraries (``src/<hash>__mypyc.*.so``, one per list of modules) go too."""
+    stale = list(src.glob("*__mypyc.*.so")) + list(src.glob("meshmq/**/*.so"))
     for path in stale:
         path.unlink(missing_ok=True)
 
@@ -85,10 +83,9 @@ class OptionalBuildExt(build_ext):
 def extensions() -> list:
     """The compiled modules to build (mypyc writes their C, with absolute paths, under
     build/mypyc), or none, after removing what an earlier install built in place."""
-    compiled = compiled_extensions()
-    if not compiled:
-        remove_compiled()
-    return compiled
+    remove_compiled()
+    return compiled_extensions()
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
+if __name__ == "__main__":  # as pip's build backend and ``python setup.py`` run it
+    setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import runpy
 from pathlib import Path
 
 from meshmq.compiled import HOT_PATH, compiled_modules, describe
@@ -27,3 +28,20 @@ def test_the_hot_path_is_all_compiled_or_all_plain_python() -> None:
         assert source.suffix in (".py", ".so"), source
     assert describe() == ("pure Python" if not compiled
                           else f"compiled hot path ({len(HOT_PATH)} of {len(HOT_PATH)} modules)")
+
+
+def test_setup_removes_every_extension_an_earlier_build_left_in_the_tree(tmp_path: Path) -> None:
+    # A module taken off HOT_PATH, or a pure Python install after a compiled one, must not go
+    # on importing an extension built in place earlier (an editable install).
+    setup = runpy.run_path(str(ROOT / "setup.py"), run_name="meshmq_setup")
+    package = tmp_path / "meshmq" / "log"
+    package.mkdir(parents=True)
+    suffix = ".cpython-311-x86_64-linux-gnu.so"
+    built = [tmp_path / f"0123456789abcdef0123__mypyc{suffix}",
+             tmp_path / "meshmq" / f"codec{suffix}", package / f"taken_off{suffix}"]
+    kept = [package / "taken_off.py", tmp_path / "meshmq" / "codec.py", tmp_path / "other.txt"]
+    for path in built + kept:
+        path.write_bytes(b"")
+    setup["remove_compiled"](tmp_path)
+    assert [path for path in built if path.exists()] == []
+    assert [path for path in kept if not path.exists()] == []
