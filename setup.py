@@ -67,6 +67,8 @@ class OptionalBuildExt(build_ext):
     on with the plain Python modules (the extensions are an acceleration, not a need)."""
 
     def run(self) -> None:
+        if self.inplace or getattr(self, "editable_mode", False):  # into src/, as make does
+            remove_compiled()  # what an earlier list of modules built there goes first
         try:
             super().run()
         except Exception as error:  # no compiler, missing headers: setuptools' own errors
@@ -83,8 +85,10 @@ class OptionalBuildExt(build_ext):
 def extensions() -> list:
     """The compiled modules to build (mypyc writes their C, with absolute paths, under
     build/mypyc), or none, after removing what an earlier install built in place."""
-    remove_compiled()
-    return compiled_extensions()
+    compiled = compiled_extensions()
+    if not compiled:
+        remove_compiled()
+    return compiled
 
 
 if __name__ == "__main__":  # as pip's build backend and ``python setup.py`` run it
