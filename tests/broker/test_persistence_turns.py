@@ -298,3 +298,47 @@ def test_turns_behind_the_writer_gather_and_go_inline_once_it_is_back(
     outcomes = asyncio.run(main())
     assert [n for n, _ in outcomes] == list(range(9))
     assert [o.offset for _, o in outcomes] == list(range(9))  # type: ignore[union-attr]
+
+
+def test_the_output_hook_runs_once_after_each_turns_completions(tmp_path: Path) -> None:
+    """``after_completions`` (the broker writes the queued acks and deliveries there) runs
+    after every completion of a turn written on the loop, once per turn; and once after the
+    writer thread's turns, when they come back to the loop."""
+    disk = SlowDisk()
+    events: list[str] = []
+
+    async def main() -> None:
+        persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
+                                  asyncio.get_running_loop(), fsync=disk.fsync,
+                                  fsync_clock=disk.clock)
+        persistence.after_completions = partial(events.append, "written out")
+
+        def done(n: int, outcome: AppendOutcome) -> None:
+            assert isinstance(outcome, Stored), outcome
+            events.append(f"stored {n}")
+
+        for turn in ((0, 1, 2), (3,)):  # quick fsyncs: completed on the loop, turn by turn
+            for n in turn:
+                assert persistence.append(publish(f"t/{n}", n), "pub", partial(done, n))
+            await asyncio.sleep(0)
+        assert events == ["stored 0", "stored 1", "stored 2", "written out",
+                          "stored 3", "written out"]
+        disk.seconds = 0.050  # too slow: this turn is the last fsynced on the loop
+        await run_turns(persistence, [["t/4"]])
+        del events[:]
+        finished = asyncio.get_running_loop().create_future()
+
+        def written_out() -> None:
+            events.append("written out")
+            if not finished.done():
+                finished.set_result(None)
+
+        persistence.after_completions = written_out
+        for n in (5, 6, 7):  # to the writer thread
+            assert persistence.append(publish("t/x", n), "pub", partial(done, n))
+        await asyncio.wait_for(finished, WAIT)
+        assert not persistence.writer.statistics().fsync_inline
+        persistence.close()
+
+    asyncio.run(main())
+    assert events == ["stored 5", "stored 6", "stored 7", "written out"]

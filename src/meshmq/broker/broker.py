@@ -95,10 +95,10 @@ class Broker:
         self.router = Router(self.sessions)
         self.authenticator: ConnectAuthenticator = Authenticator(config.auth, loop)
         self.acl = AccessControl.from_file(config.auth.acl_file) if config.auth.acl_file else None
-        self.persistence: PartitionLog | None = (
-            Persistence(config.log, config.server.data_dir, loop)
-            if config.log.enabled and open_log else None
-        )
+        self.persistence: PartitionLog | None = None
+        if config.log.enabled and open_log:
+            self.persistence = persistence = Persistence(config.log, config.server.data_dir, loop)
+            persistence.after_completions = self.flush_output
         # Every connection, in a dict used as a set: an entry costs about half a set's.
         self.clients: dict[ClientHandle, None] = {}
         self.keeper = StateKeeper(self, index or 0, count)
@@ -217,6 +217,12 @@ class Broker:
         self._dirty = []
         for client in dirty:
             client.flush()
+
+    def flush_output(self) -> None:
+        """Write the queued output now, not after this loop turn (the commit log's
+        completions: the acks and deliveries of a turn just made durable)."""
+        if self._dirty:
+            self._flush_dirty()
 
     # ------------------------------------------------------------------ deadlines
 

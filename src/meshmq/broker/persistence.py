@@ -11,9 +11,12 @@ partition, go to the log together:
 * when nothing handed to the writer thread is still pending, they are written here
   (``write_now``: one page-cache write per partition, never a roll), and the partitions
   holding ``always`` batches are fsynced here too, once each, after all the writes (group
-  commit by loop turn); the turn completes at once, in the same loop turn. Fsyncing on the
-  loop stalls every connection of it for the fsync, so it holds only while the writer says
-  fsyncs are quick (``LogWriter.fsync_allowed``: a moving average under
+  commit by loop turn); the turn completes at once, in the same loop turn, and the acks and
+  deliveries its completions queued are written right after them (``after_completions``: the
+  broker's ``flush_output``), not after the loop's next poll and the reads it brings (with
+  ``always``, the publishes that arrived during the fsync). Fsyncing on the loop stalls
+  every connection of it for the fsync, so it holds only while the writer says fsyncs are
+  quick (``LogWriter.fsync_allowed``: a moving average under
   ``log.fsync_inline_max_ms``, 2 ms, tried again after a wait once it was over;
   log/inline_guard.py);
 * otherwise (slow fsyncs and ``always`` in the turn, a segment to roll, earlier turns still
@@ -139,6 +142,9 @@ class Persistence(LogAccess):
         self._scheduled = False
         self._held = False  # the turn's publishes wait for the writer's turns: see _end_turn
         self._policies: dict[str, FsyncPolicy | None] = {}
+        # Called after a turn's completions (set by the broker: write the acks and deliveries
+        # they queued now, rather than after the loop's next poll and the reads it brings).
+        self.after_completions: Callable[[], None] | None = None
         # Per partition, the offset after the last record routed to subscribers (catchup.py).
         if high_watermark is None:
             high_watermark = [0] * self.commit_log.partition_count
@@ -224,12 +230,14 @@ class Persistence(LogAccess):
                 self._fail(batches, exc)
                 batches = []
             if not batches:
-                return self._complete(entries)
+                self._complete(entries)
+                return self._completed()
         try:
             self.writer.submit_batches(batches, partial(self._written, entries))
         except (queue.Full, LogClosed) as exc:
             self._fail(batches, exc)
-            return self._complete(entries)
+            self._complete(entries)
+            return self._completed()
         self._in_writer += 1
 
     @staticmethod
@@ -245,6 +253,11 @@ class Persistence(LogAccess):
                 done(Stored(batch.partition, batch.base_offset + index))
             else:
                 done(Refused(_reason_code(error), f"commit log append failed: {error}"))
+
+    def _completed(self) -> None:
+        hook = self.after_completions
+        if hook is not None:
+            hook()
 
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
         return self.commit_log.read(partition, offset, max_records=max_records)
@@ -301,6 +314,7 @@ class Persistence(LogAccess):
             entries = done.popleft()
             self._in_writer -= 1
             self._complete(entries)
+        self._completed()
         if self._held and not self._in_writer:
             self._held = False
             self._end_turn()

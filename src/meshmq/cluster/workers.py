@@ -113,6 +113,8 @@ class WorkerCluster:
             self.log = PartitionedLog(config.log, config.server.data_dir, loop, self.leadership,
                                       mesh, lifecycle.encode_message, decode_message)
             self.log.route_stored = broker.publishes.route_stored
+            # the acks and deliveries of a turn made durable here are written at once
+            self.log.local.after_completions = broker.flush_output
         self.retained = OwnedRetained(broker.local_retained, self.leadership, mesh,
                                       lifecycle.encode_message, lifecycle.decode_message)
         self.directory = Directory(lifecycle, self.leadership, mesh, loop.call_soon)
