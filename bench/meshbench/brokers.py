@@ -187,6 +187,22 @@ def host_cpu() -> tuple[float, float]:
     return busy / CLOCK_TICKS, steal / CLOCK_TICKS
 
 
+def host_io_stall(path: str = "/proc/pressure/io") -> float | None:
+    """Seconds so far in which every runnable task of the machine waited for I/O (the kernel's
+    pressure stall information, "full" line), or None where the kernel does not keep it. A
+    run whose window has much of it shared its disk with something else."""
+    try:
+        with open(path) as f:
+            for line in f:
+                kind, *fields = line.split()
+                if kind == "full":
+                    total = dict(field.split("=", 1) for field in fields)["total"]
+                    return int(total) / 1e6
+    except (OSError, KeyError, ValueError):
+        return None
+    return None
+
+
 @dataclass
 class RunningBroker:
     """One broker process; ``stop()`` it when done (it is also stopped on error paths)."""

@@ -176,7 +176,9 @@ def render_table(rows: list[dict[str, object]]) -> str:
 
 def render_health(results: Results) -> str:
     """Per run: validation; the CPU the broker and the load generator used in the window and
-    how long they were runnable but waiting for a CPU (both as % of the window)."""
+    how long they were runnable but waiting for a CPU (both as % of the window); the time the
+    hypervisor gave away and the time every task of the machine waited for I/O (steal and
+    I/O stall, % of the window: high figures mean something else shared the machine)."""
     lines = []
     for scenario, brokers in results.items():
         for broker, runs in brokers.items():
@@ -188,10 +190,11 @@ def render_health(results: Results) -> str:
                     "ok" if run.get("ok") else "FAILED",
                     _num(figs.get("broker_cpu_pct")), _num(figs.get("broker_wait_pct")),
                     _num(figs.get("loadgen_cpu_pct")), _num(figs.get("loadgen_wait_pct")),
-                    _num(figs.get("lost")), problems[:80],
+                    _num(figs.get("lost")), _num(figs.get("host_steal_pct")),
+                    _num(figs.get("host_io_stall_pct")), problems[:80],
                 ])
     return _grid(["scenario", "broker", "counts", "broker CPU %", "waiting %", "loadgen CPU %",
-                  "waiting %", "lost", "problems"], lines)
+                  "waiting %", "lost", "steal %", "I/O stall %", "problems"], lines)
 
 
 def tree_state() -> dict[str, object]:

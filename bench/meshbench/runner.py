@@ -9,7 +9,10 @@ disconnect. The generator's ``result`` line carries its own counts, validation a
 A meshmq node with several workers (``server.workers``) is measured as the sum of its processes;
 each worker's CPU share, and which worker serves each connection (``placement``), are added.
 The whole machine's busy CPU over the window is recorded too (``host_busy_pct``, all CPUs,
-100 = one CPU), so a run on a shared machine says how much else was running.
+100 = one CPU), so a run on a shared machine says how much else was running; so are the time
+the hypervisor gave away (``host_steal_pct``) and the time every task waited for I/O
+(``host_io_stall_pct``, /proc/pressure/io), which the health table shows: latency with fsync
+``always`` follows the disk, and a disk shared with other work shows there.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from meshbench.brokers import (
     RunningBroker,
     commit_log_bytes,
     host_cpu,
+    host_io_stall,
     pinned,
     proc_stats,
     start_meshmq,
@@ -161,6 +165,7 @@ def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[st
     lg_cpus = loadgen_cpus(scenario, ctx)
     per_worker: dict[str, dict[int, ProcStats]] = {}
     host: dict[str, tuple[float, float]] = {}
+    io_stall: dict[str, float | None] = {}
     served_by: list[int] = []
 
     def on_event(name: str, data: dict, proc: subprocess.Popen) -> None:
@@ -172,6 +177,7 @@ def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[st
             except OSError:
                 pass  # it ended already
             host[name] = host_cpu()
+            io_stall[name] = host_io_stall()
             if broker.workers:
                 per_worker[name] = broker.worker_stats()
         if name == "window-start" and broker.workers and scenario.mode != "idle":
@@ -214,6 +220,9 @@ def _measure(scenario: Scenario, broker: RunningBroker, ctx: Context) -> dict[st
         figures: dict[str, float] = outcome["figures"]  # type: ignore[assignment]
         figures["host_busy_pct"] = 100.0 * (busy1 - busy0) / wall
         figures["host_steal_pct"] = 100.0 * (steal1 - steal0) / wall
+        stall0, stall1 = io_stall.get("window-start"), io_stall.get("window-end")
+        if stall0 is not None and stall1 is not None:
+            figures["host_io_stall_pct"] = 100.0 * (stall1 - stall0) / wall
         if broker.workers and "window-start" in per_worker and "window-end" in per_worker:
             w0, w1 = per_worker["window-start"], per_worker["window-end"]
             for index in sorted(w0.keys() & w1.keys()):

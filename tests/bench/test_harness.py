@@ -17,7 +17,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 from meshbench import appendcost, linkcost, placement, profiling, report, workers  # noqa: E402
-from meshbench.brokers import proc_stats, toml_text  # noqa: E402
+from meshbench.brokers import host_io_stall, proc_stats, toml_text  # noqa: E402
 from meshbench.build import build_loadgen  # noqa: E402
 from meshbench.endpoints import MAGIC, PAYLOAD, SIZE, Publisher, Subscriber  # noqa: E402
 from meshbench.placed import publish_packet  # noqa: E402
@@ -144,6 +144,22 @@ def test_table_ratios_medians_and_floors() -> None:
     assert (logged["mosquitto"], logged["ratio"]) == (8.0, 0.25)
     assert rows["idle", "rss_per_conn_kb"]["met"] is False  # 13 KB > the 12 KB floor
     assert ("fanout_qos0", "rate") not in rows
+
+
+def test_the_health_table_shows_the_machines_steal_and_io_stall(tmp_path: Path) -> None:
+    pressure = tmp_path / "io"
+    pressure.write_text("some avg10=18.24 avg60=13.61 avg300=9.82 total=303205646\n"
+                        "full avg10=14.70 avg60=9.47 avg300=6.65 total=210256912\n")
+    assert host_io_stall(str(pressure)) == 210.256912  # seconds, from microseconds
+    assert host_io_stall(str(tmp_path / "no-such-file")) is None  # a kernel without PSI
+    pressure.write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=12\n")  # no "full"
+    assert host_io_stall(str(pressure)) is None
+    figures = {"broker_cpu_pct": 55.0, "host_steal_pct": 0.5, "host_io_stall_pct": 14.3}
+    table = report.render_health({"latency_qos1_log": {"meshmq": [
+        {"ok": True, "problems": [], "figures": figures}]}})
+    header, _, row = table.splitlines()[:3]
+    assert header.split()[-6:] == ["steal", "%", "I/O", "stall", "%", "problems"]
+    assert row.split()[-2:] == ["0.50", "14.3"]  # (no problems: the last cell is empty)
 
 
 def test_profile_summary_ranks_threads_self_and_inclusive_time(tmp_path: Path) -> None:
