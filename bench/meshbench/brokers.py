@@ -189,8 +189,8 @@ def host_cpu() -> tuple[float, float]:
 
 def host_io_stall(path: str = "/proc/pressure/io") -> float | None:
     """Seconds so far in which every runnable task of the machine waited for I/O (the kernel's
-    pressure stall information, "full" line), or None where the kernel does not keep it. A
-    run whose window has much of it shared its disk with something else."""
+    pressure stall information, "full" line), or None where the kernel does not keep it. It
+    counts a broker waiting for its own fsync while nothing else runs, too."""
     try:
         with open(path) as f:
             for line in f:

@@ -178,7 +178,8 @@ def render_health(results: Results) -> str:
     """Per run: validation; the CPU the broker and the load generator used in the window and
     how long they were runnable but waiting for a CPU (both as % of the window); the time the
     hypervisor gave away and the time every task of the machine waited for I/O (steal and
-    I/O stall, % of the window: high figures mean something else shared the machine)."""
+    I/O stall, % of the window). The broker's own fsyncs count as I/O stall too: compare
+    runs of one scenario, where one with much more than the others shared its disk."""
     lines = []
     for scenario, brokers in results.items():
         for broker, runs in brokers.items():

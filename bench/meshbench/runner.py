@@ -11,8 +11,9 @@ each worker's CPU share, and which worker serves each connection (``placement``)
 The whole machine's busy CPU over the window is recorded too (``host_busy_pct``, all CPUs,
 100 = one CPU), so a run on a shared machine says how much else was running; so are the time
 the hypervisor gave away (``host_steal_pct``) and the time every task waited for I/O
-(``host_io_stall_pct``, /proc/pressure/io), which the health table shows: latency with fsync
-``always`` follows the disk, and a disk shared with other work shows there.
+(``host_io_stall_pct``, /proc/pressure/io, the broker's own fsyncs included), which the
+health table shows: latency with fsync ``always`` follows the disk, and a run of a scenario
+that stalled much more than its other runs shared the disk with other work.
 """
 
 from __future__ import annotations
