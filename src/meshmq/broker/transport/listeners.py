@@ -386,7 +386,7 @@ class Listener:
                 f"cannot listen listener={spec.name} bind={spec.bind} port={spec.port}"
                 f" error={reason}"
             ) from None
-        self.port = server_sockets(server)[0].getsockname()[1]
+        self.port = bound[0].getsockname()[1]
 
     async def _start_streams(self, loop: asyncio.AbstractEventLoop) -> None:
         """The plain tcp listener: accept on our own, each connection a ``TcpStream``.
