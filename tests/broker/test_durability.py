@@ -13,6 +13,7 @@ import signal
 import threading
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import BrokerProcess, start_broker, wait_for
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
+from meshmq.log.files import filesystem_sync
 from meshmq.mqtt.packets import Puback, Publish
 from meshmq.mqtt.properties import PropertyId
 from rawclient import ConnectionClosed, RawClient
@@ -93,7 +95,8 @@ def test_kill_9_loses_no_acknowledged_message(tmp_path: Path, fsync: str, worker
 
 
 def log_fsyncs(port: int) -> dict[str, float]:
-    """``meshmq_log_fsyncs_total`` by path (``loop``, ``thread``), from the admin listener."""
+    """``meshmq_log_fsyncs_total`` by path (``loop``, ``thread``), and under ``filesystem``
+    ``meshmq_log_filesystem_syncs_total``, from the admin listener."""
     request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
                                      headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -103,7 +106,19 @@ def log_fsyncs(port: int) -> dict[str, float]:
         for sample in family.samples:
             if sample.name == "meshmq_log_fsyncs_total":
                 found[sample.labels["path"]] = sample.value
+            elif sample.name == "meshmq_log_filesystem_syncs_total":
+                found["filesystem"] = sample.value
     return found
+
+
+def wait_for_syncs(seen: dict[str, float], paths: tuple[str, ...], what: str,
+                   broker: BrokerProcess) -> None:
+    """Until the log's fsyncs on ``paths`` add up to 100 (while the publishers go on); the
+    last metrics read are left in ``seen``."""
+    def enough() -> bool:
+        seen.update(log_fsyncs(broker.port_of("admin")))
+        return sum(seen.get(path, 0) for path in paths) >= 100
+    wait_for(enough, timeout=60, what=what)
 
 
 def test_kill_9_with_fsync_always_on_the_event_loop_loses_no_acknowledged_message(
@@ -115,15 +130,27 @@ def test_kill_9_with_fsync_always_on_the_event_loop_loses_no_acknowledged_messag
     config = (f'[log]\nfsync = "always"\nfsync_inline_max_ms = 60000\n[admin]\n'
               f'listen = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n')
     seen: dict[str, float] = {}
-
-    def on_the_loop(broker: BrokerProcess) -> None:  # while the publishers go on
-        def fsynced_on_the_loop() -> bool:
-            seen.update(log_fsyncs(broker.port_of("admin")))
-            return seen.get("loop", 0) >= 100
-        wait_for(fsynced_on_the_loop, timeout=60, what="100 fsyncs on the event loop")
-
-    kill_under_load_and_check(tmp_path, config, 1, before_kill=on_the_loop)
+    kill_under_load_and_check(tmp_path, config, 1, before_kill=partial(
+        wait_for_syncs, seen, ("loop",), "100 fsyncs on the event loop"))
     assert seen["thread"] == 0, seen
+
+
+@pytest.mark.skipif(filesystem_sync() is None, reason="no trusted syncfs (Linux < 5.8?)")
+@pytest.mark.parametrize("min_partitions", [2, 0])
+def test_kill_9_with_turns_synced_by_one_syncfs_loses_no_acknowledged_message(
+        tmp_path: Path, min_partitions: int) -> None:
+    """The publishers' turns touch several partitions: with the default setting their syncs
+    are one syncfs each (the metric counts them) and every PUBACK was durable; with
+    ``log.syncfs_min_partitions = 0`` there is none."""
+    config = (f'[log]\nfsync = "always"\nsyncfs_min_partitions = {min_partitions}\n'
+              f'[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n')
+    seen: dict[str, float] = {}
+    kill_under_load_and_check(tmp_path, config, 1, before_kill=partial(
+        wait_for_syncs, seen, ("loop", "thread"), "100 syncs of the log"))
+    if min_partitions:
+        assert seen["filesystem"] >= 50, seen
+    else:
+        assert seen["filesystem"] == 0, seen
 
 
 def kill_under_load_and_check(tmp_path: Path, config: str, workers: int,

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from meshmq.broker.interfaces import AppendOutcome, Refused, Stored
 from meshmq.broker.message import Message
-from meshmq.broker.persistence import Persistence
+from meshmq.broker.persistence import SYNCFS, Persistence
 from meshmq.config import LogSettings
 from meshmq.log.record import read_batch_header
 from meshmq.mqtt.reason_codes import ReasonCode
@@ -48,20 +51,36 @@ async def run_turns(persistence: Persistence, turns: list[list[str]]
     return outcomes
 
 
+@pytest.mark.parametrize("whole_file_system", [False, True])
 def test_fsync_always_stores_a_publish_only_once_its_bytes_were_fsynced(
-        tmp_path: Path) -> None:
-    synced: dict[int, int] = {}  # inode -> file size when it was fsynced
+        tmp_path: Path, whole_file_system: bool) -> None:
+    """Per partition (an fsync of its file: its size then, preallocated zeros included) or
+    with one syncfs for the turn's partitions (each partition's batches' bytes then)."""
+    if whole_file_system and SYNCFS is None:
+        pytest.skip("no trusted syncfs (Linux < 5.8?)")
+    synced: dict[int, int] = {}  # inode -> bytes of the file synced
+    made: list[Persistence] = []
 
     def recording_fsync(fd: int) -> None:
         size_before = os.fstat(fd)
         os.fsync(fd)
         synced[size_before.st_ino] = size_before.st_size
 
+    def recording_syncfs(fd: int) -> None:
+        log = made[0].commit_log
+        written = {os.stat(log.partition(n).active_segment.log_path).st_ino:
+                   log.partition(n).statistics().size_bytes for n in log.owned}
+        assert SYNCFS is not None
+        SYNCFS(fd)
+        synced.update(written)
+
     seen: list[tuple[int, int, int]] = []  # partition, offset, bytes fsynced when stored
 
     async def main() -> None:
-        persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
-                                  asyncio.get_running_loop(), fsync=recording_fsync)
+        persistence = Persistence(
+            LogSettings(fsync="always", partitions=2), str(tmp_path), asyncio.get_running_loop(),
+            fsync=recording_fsync, syncfs=recording_syncfs if whole_file_system else None)
+        made.append(persistence)
         log = persistence.commit_log
         all_stored = asyncio.Event()
 
@@ -80,6 +99,8 @@ def test_fsync_always_stores_a_publish_only_once_its_bytes_were_fsynced(
         persistence.close()
 
     asyncio.run(main())
+    filesystem_syncs = made[0].writer.statistics().filesystem_syncs
+    assert filesystem_syncs > 0 if whole_file_system else filesystem_syncs == 0
     # Where each record's batch ends in its partition's one segment file.
     ends: dict[tuple[int, int], int] = {}
     for partition in (0, 1):
@@ -202,9 +223,15 @@ class SlowDisk:
         self.thread_gate.set()
 
     def fsync(self, fd: int) -> None:
+        self._sync(os.fsync, fd)
+
+    def syncfs(self, fd: int) -> None:  # one sync for several partitions: as slow
+        self._sync(SYNCFS or os.fsync, fd)
+
+    def _sync(self, sync: Callable[[int], None], fd: int) -> None:
         if threading.current_thread().name == "meshmq-log-writer":
             assert self.thread_gate.wait(WAIT)
-        os.fsync(fd)
+        sync(fd)
         self.now += self.seconds
 
     def clock(self) -> float:
@@ -219,7 +246,7 @@ def test_fsync_always_completes_in_the_turn_and_uses_the_thread_while_fsyncs_are
     async def main() -> list[AppendOutcome]:
         persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
                                   asyncio.get_running_loop(), fsync=disk.fsync,
-                                  fsync_clock=disk.clock)
+                                  fsync_clock=disk.clock, syncfs=disk.syncfs)
         writer = persistence.writer
         outcomes: list[AppendOutcome] = []
         # Quick fsyncs: each turn is written, fsynced and completed in that same loop turn.
@@ -261,7 +288,7 @@ def test_turns_behind_the_writer_gather_and_go_inline_once_it_is_back(
     async def main() -> list[tuple[int, AppendOutcome]]:
         persistence = Persistence(LogSettings(fsync="always", partitions=1), str(tmp_path),
                                   asyncio.get_running_loop(), fsync=disk.fsync,
-                                  fsync_clock=disk.clock)
+                                  fsync_clock=disk.clock, syncfs=disk.syncfs)
         writer = persistence.writer
         loop = asyncio.get_running_loop()
         outcomes: list[tuple[int, AppendOutcome]] = []
@@ -310,7 +337,7 @@ def test_the_output_hook_runs_once_after_each_turns_completions(tmp_path: Path) 
     async def main() -> None:
         persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
                                   asyncio.get_running_loop(), fsync=disk.fsync,
-                                  fsync_clock=disk.clock)
+                                  fsync_clock=disk.clock, syncfs=disk.syncfs)
         persistence.after_completions = partial(events.append, "written out")
 
         def done(n: int, outcome: AppendOutcome) -> None:

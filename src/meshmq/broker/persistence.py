@@ -11,12 +11,13 @@ partition, go to the log together:
 * when nothing handed to the writer thread is still pending, they are written here
   (``write_now``: one page-cache write per partition, never a roll), and the partitions
   holding ``always`` batches are fsynced here too, once each, after all the writes (group
-  commit by loop turn); the turn completes at once, in the same loop turn, and the acks and
-  deliveries its completions queued are written right after them (``after_completions``: the
-  broker's ``flush_output``), not after the loop's next poll and the reads it brings (with
-  ``always``, the publishes that arrived during the fsync). Fsyncing on the loop stalls
-  every connection of it for the fsync, so it holds only while the writer says fsyncs are
-  quick (``LogWriter.fsync_allowed``: a moving average under
+  commit by loop turn; from ``log.syncfs_min_partitions`` partitions on, one ``syncfs`` of
+  the log's file system instead: log/commit_log.py); the turn completes at once, in the same
+  loop turn, and the acks and deliveries its completions queued are written right after them
+  (``after_completions``: the broker's ``flush_output``), not after the loop's next poll and
+  the reads it brings (with ``always``, the publishes that arrived during the fsync).
+  Fsyncing on the loop stalls every connection of it for the fsync, so it holds only while
+  the writer says fsyncs are quick (``LogWriter.fsync_allowed``: a moving average under
   ``log.fsync_inline_max_ms``, 2 ms, tried again after a wait once it was over;
   log/inline_guard.py);
 * otherwise (slow fsyncs and ``always`` in the turn, a segment to roll, earlier turns still
@@ -60,6 +61,7 @@ from meshmq.config import LogSettings
 from meshmq.log.commit_log import CommitLog
 from meshmq.log.config import LogConfig
 from meshmq.log.errors import LogClosed, LogConfigError
+from meshmq.log.files import filesystem_sync
 from meshmq.log.partition import TARGET_BATCH_BYTES
 from meshmq.log.record import Record, new_message_id, wall_clock_ms
 from meshmq.log.writer import AppendBatch, FsyncPolicy, LogWriter
@@ -70,6 +72,7 @@ from meshmq.mqtt.topics import topic_matches, validate_topic_filter
 from meshmq.mypycattr import mypyc_attr
 
 log: Final = logging.getLogger("meshmq.persistence")
+SYNCFS: Final = filesystem_sync()  # None where syncfs cannot be trusted (commit_log.py)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # cluster/partitions.py: PartitionedLog
@@ -110,9 +113,11 @@ class Persistence(LogAccess):
                  owned: Collection[int] | None = None,
                  high_watermark: list[int] | None = None, *,
                  fsync: Callable[[int], None] = os.fsync,
-                 fsync_clock: Callable[[], float] = time.monotonic) -> None:
-        """``fsync`` syncs a log file and ``fsync_clock`` times the syncs (tests give a slow
-        or recording disk here: compiled with mypyc, this module's names cannot be patched)."""
+                 fsync_clock: Callable[[], float] = time.monotonic,
+                 syncfs: Callable[[int], None] | None = SYNCFS) -> None:
+        """``fsync`` syncs a log file, ``syncfs`` the log's file system (None: each partition
+        is synced alone) and ``fsync_clock`` times the syncs (tests give a slow or recording
+        disk here: compiled with mypyc, this module's names cannot be patched)."""
         super().__init__(settings)
         self.loop = loop
         self.fsync_rules = parse_fsync_rules(settings.fsync_rules)  # before opening anything
@@ -123,8 +128,10 @@ class Persistence(LogAccess):
             retention_bytes=settings.retention_bytes,
             retention_ms=settings.retention_ms,
             key_level=None if settings.key_level < 0 else settings.key_level,
+            syncfs_min_partitions=settings.syncfs_min_partitions,
         )
-        self.commit_log = CommitLog(Path(data_dir), config, partitions=owned, fsync=fsync)
+        self.commit_log = CommitLog(Path(data_dir), config, partitions=owned, fsync=fsync,
+                                    syncfs=syncfs)
         self.writer = LogWriter(
             self.commit_log, fsync_policy=settings.fsync,
             fsync_interval_ms=settings.fsync_interval_ms, queue_size=settings.queue_size,

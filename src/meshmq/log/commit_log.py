@@ -15,6 +15,20 @@ each worker opens only the partitions it leads (``partitions=``), each under its
 ``log/{n}/.lock``. Every method is thread-safe; see
 ``partition.py`` for what each one blocks on. ``LogWriter`` (``writer.py``) is the intended way
 to append from an event loop: it groups appends and fsyncs on its own thread.
+
+Syncing several partitions. ``flush`` syncs each partition's active segment, one
+``fdatasync`` (or ``fsync``) after the other, and each is a cache flush of the device and,
+when the size changed, a journal commit: a loop turn of a fan-in that touches all 8 partitions
+made 8 of them. Given a ``syncfs`` (``files.filesystem_sync()``: Linux 5.8 or later), a flush
+of ``LogConfig.syncfs_min_partitions`` partitions or more is instead one ``syncfs`` of the
+file system the log is on: every file's data and metadata written before the call, with one
+journal commit and one cache flush (on this project's benchmark machine, 8 partitions in 0.6
+ms and 0.34 ms of CPU instead of 1.8 ms and 0.9 ms; one partition costs the same either way).
+It is at least as durable (the whole file system is synced, so also what other programs wrote
+to it, which they pay for in the sync's time: ``log.syncfs_min_partitions = 0`` turns it off
+on a shared, busy disk). Only when every partition directory is on the log directory's file
+system; the segments learn that their size is durable (``LogSegment.synced``), as after a full
+``fsync``.
 """
 
 from __future__ import annotations
@@ -62,14 +76,18 @@ class CommitLog:
 
     def __init__(self, data_dir: Path | str, config: LogConfig | None = None, *,
                  fsync: FsyncFunction = os.fsync, now_ms: int | None = None,
-                 partitions: Collection[int] | None = None) -> None:
+                 partitions: Collection[int] | None = None,
+                 syncfs: FsyncFunction | None = None) -> None:
         """Open or create ``data_dir/log``, recovering every partition (or only
         ``partitions``: those this process leads, the others being led by other processes of
         the node).
 
         ``fsync`` replaces ``os.fsync`` everywhere the log syncs, and ``os.fdatasync`` too
         (tests wrap it to observe durability; with the default, a segment's data is synced
-        with ``fdatasync`` while its preallocated size is durable). Raises ``LogConfigError``
+        with ``fdatasync`` while its preallocated size is durable). ``syncfs`` syncs the file
+        system of a descriptor (``files.filesystem_sync()``, or a test's): flushes of at least
+        ``config.syncfs_min_partitions`` partitions use it (None: never; see the module
+        docstring). Raises ``LogConfigError``
         on a partition-count or format mismatch, ``LogDirectoryLocked`` if the directory (or
         one of ``partitions``) is in use, ``CorruptSegment`` on corruption.
         """
@@ -78,6 +96,8 @@ class CommitLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.partitioner = Partitioner(self.config.partitions, self.config.key_level)
         self._partitions: dict[int, Partition] = {}
+        self._syncfs: FsyncFunction | None = None  # set once the partitions are open
+        self._directory_fd = -1  # the descriptor syncfs is given
         # The whole log's lock (one process has it all), or, for a subset, the node's
         # supervisor holds it (node_lock) and each partition has its own.
         self._lock_fds: list[int] = []
@@ -96,6 +116,10 @@ class CommitLog:
                                                 now_ms=now_ms)
             for directory in (self.directory, self.directory.parent):  # new directory entries
                 fsync_directory(directory, fsync)
+            if syncfs is not None and self.config.syncfs_min_partitions and _one_file_system(
+                    self.directory, self.owned):
+                self._directory_fd = os.open(self.directory, os.O_RDONLY)
+                self._syncfs = syncfs
         except BaseException:
             self.close()
             raise
@@ -175,11 +199,25 @@ class CommitLog:
         """Apply retention to every partition; return the number of segments deleted."""
         return sum(p.enforce_retention(now_ms) for p in self._partitions.values())
 
-    def flush(self, partitions: Iterable[int] | None = None) -> None:
-        """Sync the given partitions (all by default): what was appended is now durable."""
-        chosen = self.owned if partitions is None else partitions
-        for n in chosen:
-            self.partition(n).flush()
+    def flush(self, partitions: Iterable[int] | None = None) -> bool:
+        """Sync the given partitions (all by default): what was appended is now durable.
+        True when that was one sync of the file system (see the module docstring)."""
+        chosen = self.owned if partitions is None else tuple(partitions)
+        syncfs = self._syncfs
+        if syncfs is None or len(chosen) < self.config.syncfs_min_partitions:
+            for n in chosen:
+                self.partition(n).flush()
+            return False
+        points = [self.partition(n).sync_point() for n in chosen]  # (LogClosed once closed)
+        syncfs(self._directory_fd)
+        for segment, size_changes in points:
+            segment.synced(size_changes)
+        return True
+
+    @property
+    def syncs_file_system(self) -> bool:
+        """Does a flush of several partitions sync their file system once (``syncfs``)?"""
+        return self._syncfs is not None
 
     def statistics(self) -> LogStatistics:
         return LogStatistics(tuple(p.statistics() for p in self._partitions.values()))
@@ -193,6 +231,10 @@ class CommitLog:
             for fd in self._lock_fds:
                 os.close(fd)  # releases the flock
             self._lock_fds = []
+            self._syncfs = None
+            if self._directory_fd >= 0:
+                os.close(self._directory_fd)
+                self._directory_fd = -1
 
     def __enter__(self) -> CommitLog:
         return self
@@ -215,6 +257,13 @@ def lock_node_log(data_dir: Path | str, partitions: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _one_file_system(directory: Path, partitions: Iterable[int]) -> bool:
+    """Are the partitions' directories on the file system of ``directory`` (no mount point
+    or link elsewhere among them)?"""
+    device = directory.stat().st_dev
+    return all((directory / str(n)).stat().st_dev == device for n in partitions)
 
 
 def _lock_directory(path: Path) -> int:

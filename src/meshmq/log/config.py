@@ -24,7 +24,9 @@ class LogConfig:
     forever). ``key_level`` picks the topic level hashed to choose a partition (None: the
     whole topic). The active segment's file is extended ``preallocate_bytes`` at a time (at
     most ``segment_bytes``) so that appends leave its size alone and a sync can skip the
-    metadata (0: the file grows with each append, and each sync is a full fsync).
+    metadata (0: the file grows with each append, and each sync is a full fsync). A flush of
+    at least ``syncfs_min_partitions`` partitions is one sync of their file system, when the
+    ``CommitLog`` was given one (0: always one sync per partition).
     """
 
     partitions: int = 8
@@ -35,6 +37,7 @@ class LogConfig:
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
     key_level: int | None = None
     preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES
+    syncfs_min_partitions: int = 2
 
     def __post_init__(self) -> None:
         _require(1 <= self.partitions <= 65536, "partitions must be between 1 and 65536")
@@ -48,6 +51,7 @@ class LogConfig:
         _require(self.index_interval_bytes >= 0, "index_interval_bytes must be >= 0")
         _require(self.key_level is None or self.key_level >= 0, "key_level must be >= 0")
         _require(self.preallocate_bytes >= 0, "preallocate_bytes must be >= 0")
+        _require(self.syncfs_min_partitions >= 0, "syncfs_min_partitions must be >= 0")
 
 
 def _require(condition: bool, message: str) -> None:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 FsyncFunction = Callable[[int], None]  # os.fsync, or a wrapper a test injects
+
+SYNCFS_MIN_LINUX = (5, 8)  # syncfs(2) reports write-back errors from Linux 5.8 on
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -79,3 +84,34 @@ def list_segment_bases(directory: Path) -> list[int]:
             if path.stem.isdigit() and int(path.stem) not in known:
                 path.unlink()
     return bases
+
+
+def kernel_at_least(release: str, wanted: tuple[int, int]) -> bool:
+    """Is the Linux ``release`` (``os.uname().release``, "6.1.0-18-amd64") ``wanted`` or
+    later? False when it does not start with MAJOR.MINOR."""
+    found = re.match(r"(\d+)\.(\d+)", release)
+    return found is not None and (int(found[1]), int(found[2])) >= wanted
+
+
+def filesystem_sync() -> FsyncFunction | None:
+    """``syncfs(2)``: given any descriptor on a file system, make everything written to that
+    file system durable (every file's data and metadata, one journal commit and one cache
+    flush of the device), raising ``OSError`` when that failed. None where it cannot be
+    trusted to say so: other systems than Linux, and Linux before 5.8 (whose ``syncfs``
+    returned 0 after a failed write-back)."""
+    if not sys.platform.startswith("linux") or not kernel_at_least(os.uname().release,
+                                                                   SYNCFS_MIN_LINUX):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).syncfs  # (releases the GIL: a call)
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+
+    def syncfs(fd: int) -> None:
+        if function(fd) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"syncfs: {os.strerror(error)}")
+
+    return syncfs

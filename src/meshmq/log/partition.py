@@ -403,6 +403,14 @@ class Partition:
         finally:
             os.close(fd)
 
+    def sync_point(self) -> tuple[LogSegment, int]:
+        """The active segment and its count of size changes, for a caller that syncs the
+        whole file system (``CommitLog.flush``) and then tells the segment (``synced``)."""
+        with self._lock:
+            self._check_open()
+            segment = self._segments[-1]
+            return segment, segment.size_changes
+
     def close(self) -> None:
         """Flush everything, leave the clean-shutdown marker and close the files. Idempotent."""
         with self._mutation_lock, self._lock:

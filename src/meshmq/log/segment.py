@@ -307,6 +307,11 @@ class LogSegment:
             self._datasync(fd)
             return
         self._fsync(fd)
+        self.synced(size_changes)
+
+    def synced(self, size_changes: int) -> None:
+        """A full sync (this file's ``fsync``, or a ``syncfs`` of its file system) made the
+        file's size durable as it was after change number ``size_changes``."""
         # Two threads may race here; the larger count wins but a smaller one may overwrite it,
         # which only costs a later full fsync (never an fdatasync the size was not ready for).
         self.durable_size_changes = max(self.durable_size_changes, size_changes)

@@ -17,9 +17,10 @@ fsync policy, and then calls the ``done`` callbacks in the order the work was su
 partition, so an event loop completes them in the same turn without a round trip through this
 thread. Batches that wait for no fsync (``interval``, ``never``) cost a page-cache write and
 nothing else. Batches under ``always`` are fsynced there too, once per partition after all the
-writes (group commit by loop turn: everything the turn gathered shares the fsync), before
-``write_now`` returns. It never rolls a segment (a roll fsyncs the sealed one and creates a
-file): a batch that would roll is left for the thread, with the later batches of its partition.
+writes (group commit by loop turn: everything the turn gathered shares the fsync; several
+partitions may share one ``syncfs``: ``CommitLog.flush``), before ``write_now`` returns. It
+never rolls a segment (a roll fsyncs the sealed one and creates a file): a batch that would
+roll is left for the thread, with the later batches of its partition.
 
 Fsync on the caller's thread, and its guard. Handing an ``always`` batch to this thread and
 back costs the queue, the thread's wake-up, the GIL hand-over twice and the loop's wake-up
@@ -227,6 +228,7 @@ class WriterStatistics:
     fsync_seconds: float = 0.0  # the time all fsyncs took
     inline_fsyncs: int = 0  # of ``fsyncs``, those ``write_now`` made on its caller's thread
     fsync_inline: bool = False  # are ``always`` batches fsynced inline (write_now) now?
+    filesystem_syncs: int = 0  # of ``fsyncs``, those that were one syncfs (commit_log.py)
 
 
 class LogWriter:
@@ -265,6 +267,7 @@ class LogWriter:
         self._fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)  # written by the writer thread
         self._fsync_seconds = 0.0
         self._inline_fsyncs = 0
+        self._filesystem_syncs = 0
         self._stats_lock = threading.Lock()  # fsync counters: write_now's and the thread's
         self._fsync_clock = fsync_clock
         self._guard = InlineGuard(inline_fsync_slow_ms / 1000, fsync_clock)
@@ -410,7 +413,8 @@ class LogWriter:
                 self._inbox.records, counts["appended"] + now_counts[0], counts["groups"],
                 counts["fsyncs"], self._failure is not None,
                 counts["appended_bytes"] + now_counts[1], tuple(self._fsync_buckets),
-                self._fsync_seconds, self._inline_fsyncs, self._guard.inline)
+                self._fsync_seconds, self._inline_fsyncs, self._guard.inline,
+                self._filesystem_syncs)
 
     def __enter__(self) -> LogWriter:
         return self
@@ -572,8 +576,9 @@ class LogWriter:
         if partitions and self._failure is None:
             clock = self._fsync_clock
             started = clock()
+            whole = False
             try:
-                self.log.flush(sorted(partitions))
+                whole = self.log.flush(sorted(partitions))
             except Exception as exc:
                 log.exception("fsync failed; the log writer stops accepting work")
                 failure = LogError(f"log fsync failed: {exc}")
@@ -583,6 +588,7 @@ class LogWriter:
             with self._stats_lock:
                 self._counts["fsyncs"] += 1
                 self._inline_fsyncs += inline
+                self._filesystem_syncs += whole
                 self._fsync_seconds += elapsed
                 self._fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS, elapsed)] += 1
             if inline:

@@ -131,6 +131,7 @@ def _log(out: Sampler, broker: Broker, cluster: WorkerCluster | None) -> None:
     out.put("meshmq_log_fsync_seconds_sum", writer.fsync_seconds)
     out.put("meshmq_log_fsyncs_total", writer.inline_fsyncs, "loop")
     out.put("meshmq_log_fsyncs_total", writer.fsyncs - writer.inline_fsyncs, "thread")
+    out.put("meshmq_log_filesystem_syncs_total", writer.filesystem_syncs)
     out.put("meshmq_log_writer_queued", writer.queued)
     bounds = [*(str(b) for b in FSYNC_BUCKETS), "+Inf"]
     for bound, count in zip(bounds, writer.fsync_buckets, strict=True):

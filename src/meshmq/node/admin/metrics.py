@@ -94,6 +94,9 @@ CATALOG: dict[str, Spec] = {
     "meshmq_log_fsyncs_total": Spec(
         "counter", "Fsyncs of the commit log, on the event loop (loop) or the writer thread"
         " (thread).", ("path",)),
+    "meshmq_log_filesystem_syncs_total": Spec(
+        "counter", "Of those fsyncs, the ones that synced several partitions with one syncfs of"
+        " the log's file system (log.syncfs_min_partitions)."),
     "meshmq_log_high_watermark": Spec(
         "gauge", "Offset after the last record routed, per partition.", ("partition",)),
     "meshmq_log_earliest_offset": Spec(
