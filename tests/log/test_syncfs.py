@@ -44,6 +44,7 @@ def open_log(tmp_path: Path, disk: Disk, **config: int) -> CommitLog:
     log = CommitLog(tmp_path, LogConfig(partitions=4, **config), fsync=disk.fsync,
                     syncfs=disk.syncfs, now_ms=T0)
     disk.fsyncs = 0  # the directories' and meta.json's, at creation
+    disk.syncfs_fds.clear()  # the first syncfs, at open
     return log
 
 
@@ -221,3 +222,26 @@ def test_a_failed_syncfs_fails_the_writer_like_a_failed_fsync(tmp_path: Path) ->
     finally:
         writer.close()
         log.close()
+
+
+def test_a_syncfs_refused_at_open_leaves_one_sync_per_partition(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A sandbox (seccomp) may refuse the call: the log finds out when it opens, says so, and
+    syncs each partition; nothing fails."""
+    calls: list[int] = []
+
+    def refused(fd: int) -> None:
+        calls.append(fd)
+        raise OSError(errno.ENOSYS, "syncfs: Function not implemented")
+
+    disk = Disk()
+    with CommitLog(tmp_path, LogConfig(partitions=4), fsync=disk.fsync, syncfs=refused,
+                   now_ms=T0) as log:
+        disk.fsyncs = 0
+        assert not log.syncs_file_system and len(calls) == 1
+        append(log, 0)
+        append(log, 1)
+        assert log.flush([0, 1]) is False
+        assert disk.fsyncs == 2 and len(calls) == 1
+    assert "syncfs of the log's file system failed, syncing each partition instead" in (
+        caplog.text)

@@ -27,13 +27,16 @@ ms and 0.34 ms of CPU instead of 1.8 ms and 0.9 ms; one partition costs the same
 It is at least as durable (the whole file system is synced, so also what other programs wrote
 to it, which they pay for in the sync's time: ``log.syncfs_min_partitions = 0`` turns it off
 on a shared, busy disk). Only when every partition directory is on the log directory's file
-system; the segments learn that their size is durable (``LogSegment.synced``), as after a full
-``fsync``.
+system, and after a first ``syncfs`` at open succeeded (a sandbox may refuse the call); the
+segments learn that their size is durable (``LogSegment.synced``), as after a full ``fsync``.
+A write-back error anywhere on that file system then fails the flush, as a failed ``fsync``
+would (the writer stops accepting work).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -49,6 +52,7 @@ from meshmq.log.partition import DEFAULT_READ_BYTES, Partition, PartitionStatist
 from meshmq.log.partitioner import Partitioner
 from meshmq.log.record import FORMAT_VERSION, BatchBuilder, Record
 
+log: Final = logging.getLogger("meshmq.log")
 LOG_DIRECTORY: Final = "log"
 META_FILE: Final = "meta.json"
 META_FORMAT: Final = "meshmq-log"
@@ -118,11 +122,24 @@ class CommitLog:
                 fsync_directory(directory, fsync)
             if syncfs is not None and self.config.syncfs_min_partitions and _one_file_system(
                     self.directory, self.owned):
-                self._directory_fd = os.open(self.directory, os.O_RDONLY)
-                self._syncfs = syncfs
+                self._use_syncfs(syncfs)
         except BaseException:
             self.close()
             raise
+
+    def _use_syncfs(self, syncfs: FsyncFunction) -> None:
+        """Sync the file system once now: where that is refused (a sandbox's ENOSYS or EPERM,
+        or anything else), the log keeps one sync per partition."""
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            syncfs(fd)
+        except OSError as exc:
+            os.close(fd)
+            log.warning("syncfs of the log's file system failed, syncing each partition "
+                        "instead directory=%s error=%s", self.directory, exc)
+            return
+        self._directory_fd = fd
+        self._syncfs = syncfs
 
     @property
     def partition_count(self) -> int:
