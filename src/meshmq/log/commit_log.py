@@ -22,8 +22,9 @@ when the size changed, a journal commit: a loop turn of a fan-in that touches al
 made 8 of them. Given a ``syncfs`` (``files.filesystem_sync()``: Linux 5.8 or later), a flush
 of ``LogConfig.syncfs_min_partitions`` partitions or more is instead one ``syncfs`` of the
 file system the log is on: every file's data and metadata written before the call, with one
-journal commit and one cache flush (on this project's benchmark machine, 8 partitions in 0.6
-ms and 0.34 ms of CPU instead of 1.8 ms and 0.9 ms; one partition costs the same either way).
+journal commit and one cache flush (``bench/fsync_probe.py --files 8`` on this project's
+benchmark machine: 0.3 ms and 0.12 ms of CPU instead of 2.1 ms and 0.7 ms; one partition
+costs the same either way).
 It is at least as durable (the whole file system is synced, so also what other programs wrote
 to it, which they pay for in the sync's time: ``log.syncfs_min_partitions = 0`` turns it off
 on a shared, busy disk). Only when every partition directory is on the log directory's file
