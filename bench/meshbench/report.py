@@ -100,6 +100,7 @@ ROWS: list[Row] = [
     Row("latency8_qos1", "p99_us", "latency QoS 1, 8 pairs, p99", "us"),
     Row("latency8_qos1", "broker_cpu_pct", "latency QoS 1, 8 pairs: broker CPU", "%"),
     *_latency_log("latency8_qos1_log", "latency QoS 1, 8 pairs, meshmq log on"),
+    *_latency_log("latency8_qos1_log_syncfs", "latency QoS 1, 8 pairs, meshmq log on, syncfs"),
     *_connects("idle", "idle", 0.8),
     Row("idle", "rss_per_conn_kb", "idle: broker RSS per connection", "KB",
         "meshmq <= 2.5 KB", lambda m, q, r: m <= 2.5),

@@ -97,7 +97,7 @@ class LogSettings:
     fsync_interval_ms: int = 1000
     fsync_rules: str = ""
     fsync_inline_max_ms: int = 2
-    syncfs_min_partitions: int = 2
+    syncfs_min_partitions: int = 0
     partitions: int = 8
     key_level: int = -1
     segment_bytes: int = 64 * 1024 * 1024
@@ -656,7 +656,8 @@ _KEYS: dict[str, _Key] = {
     "log.syncfs_min_partitions": _Key(
         int, (0, 65536), "a sync of at least this many partitions (a loop turn's or the writer"
         " thread's) is one syncfs of the log's file system (Linux 5.8+) instead of one per"
-        " partition; 0 = always one per partition"),
+        " partition; 0 = always one per partition. syncfs also writes what other programs left"
+        " dirty there: 2 suits a disk the log has to itself"),
     "log.partitions": _Key(
         int, (1, 65536), "partitions of a new log (fixed once the log exists)"),
     "log.key_level": _Key(

@@ -139,9 +139,9 @@ def test_kill_9_with_fsync_always_on_the_event_loop_loses_no_acknowledged_messag
 @pytest.mark.parametrize("min_partitions", [2, 0])
 def test_kill_9_with_turns_synced_by_one_syncfs_loses_no_acknowledged_message(
         tmp_path: Path, min_partitions: int) -> None:
-    """The publishers' turns touch several partitions: with the default setting their syncs
-    are one syncfs each (the metric counts them) and every PUBACK was durable; with
-    ``log.syncfs_min_partitions = 0`` there is none."""
+    """The publishers' turns touch several partitions: with ``log.syncfs_min_partitions = 2``
+    their syncs are one syncfs each (the metric counts them) and every PUBACK was durable;
+    with 0 (the default) there is none."""
     config = (f'[log]\nfsync = "always"\nsyncfs_min_partitions = {min_partitions}\n'
               f'[admin]\nlisten = "127.0.0.1:0"\napi_key = "{ADMIN_KEY}"\n')
     seen: dict[str, float] = {}

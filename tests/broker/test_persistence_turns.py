@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -80,8 +79,9 @@ def test_fsync_always_stores_a_publish_only_once_its_bytes_were_fsynced(
 
     async def main() -> None:
         persistence = Persistence(
-            LogSettings(fsync="always", partitions=2), str(tmp_path), asyncio.get_running_loop(),
-            fsync=recording_fsync, syncfs=recording_syncfs if whole_file_system else None)
+            LogSettings(fsync="always", partitions=2, syncfs_min_partitions=2), str(tmp_path),
+            asyncio.get_running_loop(), fsync=recording_fsync,
+            syncfs=recording_syncfs if whole_file_system else None)
         made.append(persistence)
         log = persistence.commit_log
         all_stored = asyncio.Event()
@@ -225,15 +225,9 @@ class SlowDisk:
         self.thread_gate.set()
 
     def fsync(self, fd: int) -> None:
-        self._sync(os.fsync, fd)
-
-    def syncfs(self, fd: int) -> None:  # one sync for several partitions: as slow
-        self._sync(SYNCFS or os.fsync, fd)
-
-    def _sync(self, sync: Callable[[int], None], fd: int) -> None:
         if threading.current_thread().name == "meshmq-log-writer":
             assert self.thread_gate.wait(WAIT)
-        sync(fd)
+        os.fsync(fd)
         self.now += self.seconds
 
     def clock(self) -> float:
@@ -248,7 +242,7 @@ def test_fsync_always_completes_in_the_turn_and_uses_the_thread_while_fsyncs_are
     async def main() -> list[AppendOutcome]:
         persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
                                   asyncio.get_running_loop(), fsync=disk.fsync,
-                                  fsync_clock=disk.clock, syncfs=disk.syncfs)
+                                  fsync_clock=disk.clock)
         writer = persistence.writer
         outcomes: list[AppendOutcome] = []
         # Quick fsyncs: each turn is written, fsynced and completed in that same loop turn.
@@ -290,7 +284,7 @@ def test_turns_behind_the_writer_gather_and_go_inline_once_it_is_back(
     async def main() -> list[tuple[int, AppendOutcome]]:
         persistence = Persistence(LogSettings(fsync="always", partitions=1), str(tmp_path),
                                   asyncio.get_running_loop(), fsync=disk.fsync,
-                                  fsync_clock=disk.clock, syncfs=disk.syncfs)
+                                  fsync_clock=disk.clock)
         writer = persistence.writer
         loop = asyncio.get_running_loop()
         outcomes: list[tuple[int, AppendOutcome]] = []
@@ -339,7 +333,7 @@ def test_the_output_hook_runs_once_after_each_turns_completions(tmp_path: Path) 
     async def main() -> None:
         persistence = Persistence(LogSettings(fsync="always", partitions=2), str(tmp_path),
                                   asyncio.get_running_loop(), fsync=disk.fsync,
-                                  fsync_clock=disk.clock, syncfs=disk.syncfs)
+                                  fsync_clock=disk.clock)
         persistence.after_completions = partial(events.append, "written out")
 
         def done(n: int, outcome: AppendOutcome) -> None:

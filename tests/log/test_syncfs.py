@@ -41,6 +41,7 @@ class Disk:
 
 
 def open_log(tmp_path: Path, disk: Disk, **config: int) -> CommitLog:
+    config = {"syncfs_min_partitions": 2, **config}
     log = CommitLog(tmp_path, LogConfig(partitions=4, **config), fsync=disk.fsync,
                     syncfs=disk.syncfs, now_ms=T0)
     disk.fsyncs = 0  # the directories' and meta.json's, at creation
@@ -124,6 +125,15 @@ def test_a_log_given_no_syncfs_syncs_each_partition(tmp_path: Path) -> None:
         assert disk.fsyncs == 2
 
 
+def test_it_is_off_by_default(tmp_path: Path) -> None:
+    """syncfs also waits for other programs' dirty data: a log opts in."""
+    assert LogConfig().syncfs_min_partitions == 0
+    disk = Disk()
+    with CommitLog(tmp_path, LogConfig(partitions=4), fsync=disk.fsync, syncfs=disk.syncfs,
+                   now_ms=T0) as log:
+        assert not log.syncs_file_system and disk.syncfs_fds == []
+
+
 def test_a_negative_setting_is_refused() -> None:
     with pytest.raises(LogConfigError, match="syncfs_min_partitions must be >= 0"):
         LogConfig(syncfs_min_partitions=-1)
@@ -194,7 +204,8 @@ def test_a_failed_syncfs_fails_the_writer_like_a_failed_fsync(tmp_path: Path) ->
         assert SYNCFS is not None
         SYNCFS(fd)
 
-    log = CommitLog(tmp_path, LogConfig(partitions=4), syncfs=syncfs, now_ms=T0)
+    log = CommitLog(tmp_path, LogConfig(partitions=4, syncfs_min_partitions=2), syncfs=syncfs,
+                    now_ms=T0)
     writer = LogWriter(log, fsync_policy="always")
     try:
         def turn(tag: bytes) -> list[AppendBatch]:
@@ -235,8 +246,8 @@ def test_a_syncfs_refused_at_open_leaves_one_sync_per_partition(
         raise OSError(errno.ENOSYS, "syncfs: Function not implemented")
 
     disk = Disk()
-    with CommitLog(tmp_path, LogConfig(partitions=4), fsync=disk.fsync, syncfs=refused,
-                   now_ms=T0) as log:
+    with CommitLog(tmp_path, LogConfig(partitions=4, syncfs_min_partitions=2),
+                   fsync=disk.fsync, syncfs=refused, now_ms=T0) as log:
         disk.fsyncs = 0
         assert not log.syncs_file_system and len(calls) == 1
         append(log, 0)

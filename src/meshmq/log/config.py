@@ -26,7 +26,7 @@ class LogConfig:
     most ``segment_bytes``) so that appends leave its size alone and a sync can skip the
     metadata (0: the file grows with each append, and each sync is a full fsync). A flush of
     at least ``syncfs_min_partitions`` partitions is one sync of their file system, when the
-    ``CommitLog`` was given one (0: always one sync per partition).
+    ``CommitLog`` was given one (0, the default: always one sync per partition).
     """
 
     partitions: int = 8
@@ -37,7 +37,7 @@ class LogConfig:
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
     key_level: int | None = None
     preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES
-    syncfs_min_partitions: int = 2
+    syncfs_min_partitions: int = 0
 
     def __post_init__(self) -> None:
         _require(1 <= self.partitions <= 65536, "partitions must be between 1 and 65536")
